@@ -1,0 +1,118 @@
+//! `narad`: the broker as one process.
+//!
+//! `narad serve [--listen 127.0.0.1:8080] [--store file://./narad-data]` runs every route
+//! of the HTTP API on one store. Flags override `NARAD_LISTEN` and `NARAD_STORE`; every
+//! other setting comes from the environment (see `narad_shared::config`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use narad_shared::clock::{RandomIds, SystemClock};
+use narad_shared::config::{Config, Credential};
+use narad_shared::engine::Broker;
+use narad_shared::{api, store};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "narad", version, about = "Narad: a pull-based message broker on object storage")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker's HTTP API in this process.
+    Serve {
+        /// Address to listen on [env: NARAD_LISTEN; default 127.0.0.1:8080].
+        #[arg(long)]
+        listen: Option<String>,
+        /// Store URL: file://PATH, memory:// or s3://BUCKET[/PREFIX]
+        /// [env: NARAD_STORE; default file://./narad-data].
+        #[arg(long)]
+        store: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { listen, store } => serve(listen, store).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("narad: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), String> {
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    if let Some(s) = store_url {
+        cfg.store = s;
+    }
+    let store = store::open(&cfg.store).await.map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
+    let users = match cfg.auth.clone() {
+        Some(u) => u,
+        None => {
+            let password = uuid_password();
+            println!("narad: NARAD_AUTH is not set; generated credentials for this run:");
+            println!("narad:   user: narad   password: {password}");
+            println!("narad:   export AUTH=narad:{password}   # then: curl -u $AUTH ...");
+            vec![Credential { user: "narad".into(), password }]
+        }
+    };
+    let broker = Broker::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        cfg.receipt_keys.clone(),
+        cfg.broker.clone(),
+    )
+    .await
+    .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let app = api::router(Arc::new(broker), &users);
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("narad: serving http://{addr} on {}", store.describe());
+    tracing::info!(%addr, store = %store.describe(), "narad serve started");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| format!("server error: {e}"))
+}
+
+fn uuid_password() -> String {
+    narad_shared::clock::IdSource::new_id(&RandomIds).chars().rev().take(24).collect()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

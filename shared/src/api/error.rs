@@ -1,0 +1,99 @@
+//! The HTTP error contract: every failure is a status plus
+//! `{"error": {"code": "snake_case", "message": "human text"}}`.
+//!
+//! [`ApiError::from`] is the one place where broker errors become HTTP statuses. Store
+//! and corruption details are logged, never sent: clients see no bucket names, keys or
+//! stack traces.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::engine::BrokerError;
+use crate::receipt::ReceiptError;
+use crate::store::StoreError;
+
+/// An error response.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// Human-readable explanation.
+    pub message: String,
+    /// Seconds for `Retry-After` (503s).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    /// An error with no `Retry-After`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), retry_after: None }
+    }
+
+    /// 400 `invalid_request`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        Self { retry_after: Some(1), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message) }
+    }
+
+    fn internal() -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "internal error; see the server log")
+    }
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        use StatusCode as S;
+        let msg = e.to_string();
+        match e {
+            BrokerError::InvalidTopic(_) => Self::new(S::BAD_REQUEST, "invalid_topic_name", msg),
+            BrokerError::TopicNotFound => Self::new(S::NOT_FOUND, "topic_not_found", msg),
+            BrokerError::TopicConflict => Self::new(S::CONFLICT, "topic_exists", msg),
+            BrokerError::InvalidSetting(_) => Self::new(S::BAD_REQUEST, "invalid_setting", msg),
+            BrokerError::BadRequest(_) => Self::new(S::BAD_REQUEST, "invalid_request", msg),
+            BrokerError::NoSuchPartition(_) => Self::new(S::BAD_REQUEST, "invalid_partition", msg),
+            BrokerError::PayloadTooLarge(_) => Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", msg),
+            BrokerError::Receipt(ReceiptError::Malformed) => {
+                Self::new(S::BAD_REQUEST, "invalid_receipt_handle", msg)
+            }
+            BrokerError::Receipt(ReceiptError::Invalid) => Self::new(S::GONE, "receipt_handle_invalid", msg),
+            BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),
+            BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
+            BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),
+            BrokerError::Contention => Self::unavailable("busy", msg),
+            BrokerError::Store(StoreError::Unavailable(detail)) => {
+                tracing::warn!(%detail, "storage unavailable");
+                Self::unavailable("storage_unavailable", "storage is temporarily unavailable; retry later")
+            }
+            BrokerError::Store(err) => {
+                tracing::error!(error = %err, "storage error");
+                Self::internal()
+            }
+            BrokerError::Corrupt(detail) => {
+                tracing::error!(%detail, "corrupt stored data");
+                Self::internal()
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut resp = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"narad\""));
+        }
+        resp
+    }
+}

@@ -1,0 +1,350 @@
+//! The HTTP API (DESIGN.md §1): one axum [`Router`] used by `narad serve` and by the
+//! Lambda function alike.
+//!
+//! Every route under `/v1` needs HTTP Basic auth; `/health` does not. Errors are JSON
+//! (see [`error`]). Query parameters are parsed strictly: an unknown or repeated
+//! parameter is a 400, so a typo never silently changes behaviour.
+
+pub mod error;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+pub use error::ApiError;
+
+use crate::config::Credential;
+use crate::engine::{Broker, Delivery, PartitionStats, Settle, Topic};
+use crate::payload;
+use crate::settings::{SettingsInput, TopicSettings};
+
+/// Largest settings body accepted.
+const MAX_SETTINGS_BODY: usize = 64 * 1024;
+/// Largest `key` accepted on produce.
+const MAX_KEY_BYTES: usize = 1024;
+
+#[derive(Clone)]
+struct AppState {
+    broker: Arc<Broker>,
+    /// SHA-256 of each accepted `user:password`.
+    credentials: Arc<Vec<[u8; 32]>>,
+}
+
+/// Builds the router over `broker`, admitting `users`.
+pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
+    let credentials = users
+        .iter()
+        .map(|c| Sha256::digest(format!("{}:{}", c.user, c.password).as_bytes()).into())
+        .collect();
+    let state = AppState { broker, credentials: Arc::new(credentials) };
+    let v1 = Router::new()
+        .route("/v1/topics", get(list_topics))
+        .route("/v1/topics/{topic}", put(create_topic).get(get_topic).patch(patch_topic).delete(delete_topic))
+        .route("/v1/topics/{topic}/produce", post(produce))
+        .route("/v1/topics/{topic}/consume", get(consume))
+        .route("/v1/topics/{topic}/ack", post(ack))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
+    Router::new()
+        .route("/health", get(health))
+        .merge(v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+}
+
+async fn require_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+        .map(|raw| {
+            let h: [u8; 32] = Sha256::digest(&raw).into();
+            state.credentials.iter().any(|c| *c == h)
+        })
+        .unwrap_or(false);
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid credentials").into_response()
+    }
+}
+
+// ----- request parsing ------------------------------------------------------------
+
+fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(t)| t)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_topic_name", "invalid topic name in path"))
+}
+
+/// Parses the query string, refusing parameters not in `allowed` and repeated ones.
+fn query(raw: Option<String>, allowed: &[&str]) -> Result<HashMap<String, String>, ApiError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
+        .map_err(|_| ApiError::bad_request("malformed query string"))?;
+    let mut out = HashMap::new();
+    for (k, v) in pairs {
+        if !allowed.contains(&k.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter {k:?}; allowed: {}",
+                allowed.join(", ")
+            )));
+        }
+        if out.insert(k.clone(), v).is_some() {
+            return Err(ApiError::bad_request(format!("query parameter {k:?} given twice")));
+        }
+    }
+    Ok(out)
+}
+
+fn parse_u32(q: &HashMap<String, String>, name: &str) -> Result<Option<u32>, ApiError> {
+    q.get(name)
+        .map(|v| v.parse().map_err(|_| ApiError::bad_request(format!("{name} must be a non-negative integer"))))
+        .transpose()
+}
+
+fn parse_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
+    q.get(name)
+        .map(|v| v.parse().map_err(|_| ApiError::bad_request(format!("{name} must be a non-negative integer"))))
+        .transpose()
+}
+
+/// `wait`: `0`, `500ms`, `10s`, `1m`; a bare number is seconds (as SQS's WaitTimeSeconds).
+pub fn parse_wait(v: &str) -> Result<Duration, ApiError> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Ok(Duration::from_secs(secs.min(3600)));
+    }
+    humantime::parse_duration(v)
+        .map_err(|_| ApiError::bad_request(format!("wait must look like 0, 500ms or 10s, got {v:?}")))
+}
+
+/// Reads a body of at most `limit` bytes; 413 beyond it, before buffering it all.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large =
+        || ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body exceeds {limit} bytes"));
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(_) => Err(ApiError::bad_request("could not read the request body")),
+    }
+}
+
+// ----- responses ------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct TopicView {
+    name: String,
+    settings: TopicSettings,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<Vec<PartitionStats>>,
+}
+
+impl TopicView {
+    fn new(t: Topic, partitions: Option<Vec<PartitionStats>>) -> Self {
+        Self { name: t.name, settings: t.settings, created_at: rfc3339_ms(t.created_at_ms), partitions }
+    }
+}
+
+#[derive(Serialize)]
+struct MessageView {
+    topic: String,
+    partition: u32,
+    offset: u64,
+    key: Option<String>,
+    payload: Box<RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_encoding: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receipt_handle: Option<String>,
+    delivery_count: u32,
+    produced_at: String,
+}
+
+impl From<Delivery> for MessageView {
+    fn from(d: Delivery) -> Self {
+        let p = payload::render(&d.payload);
+        Self {
+            topic: d.topic,
+            partition: d.partition,
+            offset: d.offset,
+            key: d.key,
+            payload: p.json,
+            payload_encoding: p.encoding,
+            receipt_handle: d.receipt_handle,
+            delivery_count: d.delivery_count,
+            produced_at: rfc3339_ms(d.produced_at_ms),
+        }
+    }
+}
+
+/// `2026-11-29T12:00:00.000Z`.
+pub fn rfc3339_ms(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+// ----- handlers -------------------------------------------------------------------
+
+/// `GET /v1/topics`: every topic with its settings.
+async fn list_topics(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let topics: Vec<TopicView> = s.broker.list_topics().await?.into_iter().map(|t| TopicView::new(t, None)).collect();
+    Ok(Json(serde_json::json!({ "topics": topics })).into_response())
+}
+
+/// `PUT /v1/topics/{topic}`: 201 created, 200 when it exists with the same settings,
+/// 409 when it exists with other settings.
+async fn create_topic(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let body = read_body(&headers, body, MAX_SETTINGS_BODY).await?;
+    let input = SettingsInput::parse(&body).map_err(crate::engine::BrokerError::from)?;
+    let (created, topic) = s.broker.create_topic(&name, &input).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(TopicView::new(topic, None))).into_response())
+}
+
+/// `GET /v1/topics/{topic}`: settings and per-partition stats.
+async fn get_topic(State(s): State<AppState>, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let topic = s.broker.topic(&name).await?;
+    let stats = s.broker.partition_stats(&topic).await?;
+    Ok(Json(TopicView::new(topic, Some(stats))).into_response())
+}
+
+/// `PATCH /v1/topics/{topic}`: change the settings that can change.
+async fn patch_topic(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let body = read_body(&headers, body, MAX_SETTINGS_BODY).await?;
+    let input = SettingsInput::parse(&body).map_err(crate::engine::BrokerError::from)?;
+    let topic = s.broker.patch_topic(&name, &input).await?;
+    Ok(Json(TopicView::new(topic, None)).into_response())
+}
+
+/// `DELETE /v1/topics/{topic}`: 204.
+async fn delete_topic(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    s.broker.delete_topic(&name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST /v1/topics/{topic}/produce[?partition=N][&key=K]`: body = one message's bytes;
+/// 201 `{"partition":P,"offset":O}` once committed.
+async fn produce(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let q = query(raw, &["partition", "key"])?;
+    let partition = parse_u32(&q, "partition")?;
+    let key = q.get("key").cloned();
+    if key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+        return Err(ApiError::bad_request(format!("key exceeds {MAX_KEY_BYTES} bytes")));
+    }
+    let payload = read_body(&headers, body, s.broker.options().max_message_bytes).await?;
+    if payload.is_empty() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "empty_payload", "the request body (the message) is empty"));
+    }
+    let produced = s.broker.produce(&name, partition, key, payload).await?;
+    Ok((StatusCode::CREATED, Json(produced)).into_response())
+}
+
+/// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]]`: 200 with one
+/// message and its receipt handle, or 204; with `offset`, a read-only replay.
+async fn consume(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let q = query(raw, &["wait", "partition", "offset"])?;
+    let wait = q.get("wait").map(|w| parse_wait(w)).transpose()?.unwrap_or(Duration::ZERO);
+    let partition = parse_u32(&q, "partition")?;
+    let offset = parse_u64(&q, "offset")?;
+    let delivery = match (partition, offset) {
+        (p, None) => s.broker.consume(&name, p, wait).await?,
+        (Some(p), Some(o)) => s.broker.replay(&name, p, o, wait).await?,
+        (None, Some(_)) => return Err(ApiError::bad_request("offset needs partition (replay is by partition and offset)")),
+    };
+    Ok(match delivery {
+        Some(d) => Json(MessageView::from(d)).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+/// `POST /v1/topics/{topic}/ack?receipt_handle=H[&extend=true|0]`: ack (204), extend
+/// (`extend=true`, 204), nack (`extend=0`, 204); 410 when the lease is not yours any
+/// more; 503 when the acked-ahead window is full.
+async fn ack(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let q = query(raw, &["receipt_handle", "extend"])?;
+    let handle = q
+        .get("receipt_handle")
+        .ok_or_else(|| ApiError::bad_request("receipt_handle is required"))?;
+    let action = match q.get("extend").map(String::as_str) {
+        None => Settle::Ack,
+        Some("true") => Settle::Extend,
+        Some("0") => Settle::Nack,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "extend must be true (renew the lease) or 0 (give the message back), got {other:?}"
+            )))
+        }
+    };
+    s.broker.settle(&name, handle, action).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,184 @@
+//! Configuration, read from the environment in one place.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `NARAD_STORE` | `file://./narad-data` | store URL: `file://PATH`, `memory://`, `s3://BUCKET[/PREFIX]` |
+//! | `NARAD_LISTEN` | `127.0.0.1:8080` | address `narad serve` listens on |
+//! | `NARAD_AUTH` | (unset) | `user:pass[,user:pass…]`; unset: `serve` generates a password |
+//! | `NARAD_RECEIPT_KEY` | (unset) | `key[,older-key…]`; the first signs, all verify; unset: generated once and kept in the store |
+//! | `NARAD_MAX_MESSAGE_BYTES` | 1048576 | largest payload; larger produces get 413 |
+//! | `NARAD_MAX_WAIT_MS` | 10000 | cap on a consume's `wait` |
+//! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store |
+//!
+//! Errors name the variable at fault.
+
+use std::time::Duration;
+
+use crate::engine::BrokerOptions;
+
+/// A user allowed to call the API.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// User name.
+    pub user: String,
+    /// Password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential").field("user", &self.user).finish_non_exhaustive()
+    }
+}
+
+/// A bad configuration value.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}: {message}")]
+pub struct ConfigError {
+    /// The environment variable (or flag) at fault.
+    pub var: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// Everything a Narad process is configured with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Store URL.
+    pub store: String,
+    /// Listen address for `narad serve`.
+    pub listen: String,
+    /// Allowed users; `None` when `NARAD_AUTH` is unset.
+    pub auth: Option<Vec<Credential>>,
+    /// Receipt-signing keys, first signs; empty when `NARAD_RECEIPT_KEY` is unset.
+    pub receipt_keys: Vec<Vec<u8>>,
+    /// Broker limits.
+    pub broker: BrokerOptions,
+}
+
+impl Config {
+    /// Reads the process environment.
+    ///
+    /// Errors: [`ConfigError`] naming the first bad variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads configuration through `get` (the environment, or a map in tests).
+    ///
+    /// Errors: [`ConfigError`] naming the first bad variable.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let defaults = BrokerOptions::default();
+        let num = |var: &'static str, default: u64, lo: u64, hi: u64| -> Result<u64, ConfigError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => {
+                    let n: u64 = v.trim().parse().map_err(|_| ConfigError {
+                        var,
+                        message: format!("expected a whole number, got {v:?}"),
+                    })?;
+                    if n < lo || n > hi {
+                        return Err(ConfigError { var, message: format!("must be between {lo} and {hi}, got {n}") });
+                    }
+                    Ok(n)
+                }
+            }
+        };
+        let auth = match get("NARAD_AUTH") {
+            None => None,
+            Some(v) => Some(parse_auth(&v)?),
+        };
+        let receipt_keys = match get("NARAD_RECEIPT_KEY") {
+            None => Vec::new(),
+            Some(v) => {
+                let keys: Vec<Vec<u8>> = v.split(',').map(|k| k.trim().as_bytes().to_vec()).collect();
+                if keys.iter().any(|k| k.len() < 16) {
+                    return Err(ConfigError {
+                        var: "NARAD_RECEIPT_KEY",
+                        message: "each key must be at least 16 characters".into(),
+                    });
+                }
+                keys
+            }
+        };
+        Ok(Self {
+            store: get("NARAD_STORE").unwrap_or_else(|| "file://./narad-data".into()),
+            listen: get("NARAD_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into()),
+            auth,
+            receipt_keys,
+            broker: BrokerOptions {
+                max_message_bytes: num("NARAD_MAX_MESSAGE_BYTES", defaults.max_message_bytes as u64, 1, 64 << 20)?
+                    as usize,
+                max_wait: Duration::from_millis(num(
+                    "NARAD_MAX_WAIT_MS",
+                    defaults.max_wait.as_millis() as u64,
+                    0,
+                    25_000,
+                )?),
+                poll_interval: Duration::from_millis(num(
+                    "NARAD_POLL_INTERVAL_MS",
+                    defaults.poll_interval.as_millis() as u64,
+                    10,
+                    60_000,
+                )?),
+                segment_cache_entries: defaults.segment_cache_entries,
+            },
+        })
+    }
+}
+
+/// Parses `user:pass[,user:pass…]`.
+///
+/// Errors: [`ConfigError`] for `NARAD_AUTH` when an entry has no `:` or an empty part.
+pub fn parse_auth(v: &str) -> Result<Vec<Credential>, ConfigError> {
+    let mut out = Vec::new();
+    for entry in v.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match entry.split_once(':') {
+            Some((u, p)) if !u.is_empty() && !p.is_empty() => {
+                out.push(Credential { user: u.to_owned(), password: p.to_owned() })
+            }
+            _ => {
+                return Err(ConfigError {
+                    var: "NARAD_AUTH",
+                    message: "expected user:password[,user:password…] with non-empty parts".into(),
+                })
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(ConfigError { var: "NARAD_AUTH", message: "no credentials given".into() });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.store, "file://./narad-data");
+        assert!(c.auth.is_none());
+        assert_eq!(c.broker.max_message_bytes, 1 << 20);
+        assert_eq!(c.broker.max_wait, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        assert_eq!(cfg(&[("NARAD_MAX_WAIT_MS", "x")]).unwrap_err().var, "NARAD_MAX_WAIT_MS");
+        assert_eq!(cfg(&[("NARAD_MAX_WAIT_MS", "60000")]).unwrap_err().var, "NARAD_MAX_WAIT_MS");
+        assert_eq!(cfg(&[("NARAD_AUTH", "nocolon")]).unwrap_err().var, "NARAD_AUTH");
+        assert_eq!(cfg(&[("NARAD_RECEIPT_KEY", "short")]).unwrap_err().var, "NARAD_RECEIPT_KEY");
+        let c = cfg(&[("NARAD_AUTH", "a:b, c:d:e")]).unwrap();
+        let auth = c.auth.unwrap();
+        assert_eq!(auth[1], Credential { user: "c".into(), password: "d:e".into() });
+    }
+}

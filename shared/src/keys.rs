@@ -1,0 +1,86 @@
+//! Every object key Narad uses, built in one place.
+//!
+//! Layout (relative to the store's root or prefix):
+//!
+//! | key | what |
+//! |---|---|
+//! | `topics/{topic}/topic.json` | topic settings, created with put-if-absent |
+//! | `topics/{topic}/{partition}/manifest.json` | the partition's mutable state, replaced by CAS |
+//! | `topics/{topic}/{partition}/segments/{id}` | an immutable batch of messages |
+//! | `system/receipt-key.json` | the generated receipt-signing key, when none is configured |
+//!
+//! Topic names are validated by [`validate_topic`] before any key is built from them.
+
+/// Prefix of every topic's objects.
+pub const TOPICS_PREFIX: &str = "topics/";
+/// Where a generated receipt-signing key is kept.
+pub const RECEIPT_KEY: &str = "system/receipt-key.json";
+
+/// Why a topic name was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid topic name: {0}")]
+pub struct InvalidTopic(pub &'static str);
+
+/// Checks a topic name: 1–200 characters from `[A-Za-z0-9._-]`, and not `.` or `..`.
+pub fn validate_topic(name: &str) -> Result<(), InvalidTopic> {
+    if name.is_empty() || name.len() > 200 {
+        return Err(InvalidTopic("must be 1 to 200 characters"));
+    }
+    if name == "." || name == ".." {
+        return Err(InvalidTopic("must not be '.' or '..'"));
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+        return Err(InvalidTopic("may contain only letters, digits, '.', '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// `topics/{topic}/`: every object of the topic.
+pub fn topic_prefix(topic: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/")
+}
+
+/// `topics/{topic}/topic.json`.
+pub fn topic_settings(topic: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/topic.json")
+}
+
+/// `topics/{topic}/{partition}/manifest.json`.
+pub fn manifest(topic: &str, partition: u32) -> String {
+    format!("{TOPICS_PREFIX}{topic}/{partition}/manifest.json")
+}
+
+/// `topics/{topic}/{partition}/segments/{id}`.
+pub fn segment(topic: &str, partition: u32, id: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/{partition}/segments/{id}")
+}
+
+/// The topic name in a key `topics/{topic}/topic.json`, if that is what `key` is.
+pub fn topic_of_settings_key(key: &str) -> Option<&str> {
+    key.strip_prefix(TOPICS_PREFIX)?.strip_suffix("/topic.json").filter(|t| !t.contains('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_pinned() {
+        assert_eq!(topic_settings("orders"), "topics/orders/topic.json");
+        assert_eq!(manifest("orders", 3), "topics/orders/3/manifest.json");
+        assert_eq!(segment("orders", 0, "abc"), "topics/orders/0/segments/abc");
+        assert_eq!(topic_prefix("orders"), "topics/orders/");
+        assert_eq!(topic_of_settings_key("topics/orders/topic.json"), Some("orders"));
+        assert_eq!(topic_of_settings_key("topics/orders/0/manifest.json"), None);
+    }
+
+    #[test]
+    fn topic_names() {
+        for ok in ["a", "orders", "A.b_c-1", &"x".repeat(200), "..."] {
+            assert!(validate_topic(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(201), "é", "a%2F"] {
+            assert!(validate_topic(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The partition manifest and the one protocol that changes it.
+//!
+//! A partition's whole mutable state is one object, `topics/{t}/{p}/manifest.json`
+//! ([`Manifest`]). It is changed only by [`update`]: read the manifest and its ETag →
+//! apply a pure function to a copy → write the copy with `If-Match` (or
+//! `If-None-Match: *` when none exists yet) → on conflict re-read and retry with
+//! jittered backoff, a bounded number of times.
+//!
+//! Invariants every state change keeps:
+//! * `version` strictly increases with every committed write, so two different states
+//!   never share content (identical bytes could share an ETag on S3: the ABA hazard).
+//! * `start_offset <= frontier <= next_offset`; every offset below `frontier` is settled.
+//! * `acked_ahead` holds only offsets in `(frontier, next_offset)`; `leases` only offsets
+//!   in `[frontier, next_offset)`, never one that is also in `acked_ahead`.
+//! * `segments` are ordered by `base_offset`, contiguous, and cover
+//!   `[start_offset, next_offset)`.
+//!
+//! Lost responses: every write stamps a fresh `write_id` and keeps the last
+//! [`RECENT_WRITES`] of them. When a conditional write fails ambiguously (timeout, 5xx),
+//! [`update`] re-reads the manifest and, if its own write id is there, treats the
+//! write as committed instead of applying the operation twice.
+//!
+//! A manifest whose `incarnation` differs from the topic's is a leftover of a deleted
+//! topic of the same name; [`update`] and [`read`] treat it as empty.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::IdSource;
+use crate::store::{Store, StoreError};
+
+/// How many recent write ids a manifest remembers for lost-response recovery.
+pub const RECENT_WRITES: usize = 16;
+/// How many times [`update`] tries before giving up with [`UpdateError::Contention`].
+pub const MAX_ATTEMPTS: u32 = 24;
+
+/// One immutable segment object and the offsets it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    /// Segment object id (the last part of its key).
+    pub id: String,
+    /// Offset of the segment's first message.
+    pub base_offset: u64,
+    /// Number of messages in it.
+    pub count: u32,
+    /// Produce time of its newest message (retention drops the segment after this).
+    pub last_produced_ms: u64,
+    /// Payload bytes in it.
+    pub bytes: u64,
+}
+
+/// Delivery state of an unsettled message that has been delivered at least once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The manifest version that granted the current lease; receipt handles carry it.
+    pub lease_id: u64,
+    /// Wall-clock ms until which the lease is live; at or after it the message is available.
+    pub deadline_ms: u64,
+    /// How many times the message has been delivered.
+    pub delivery_count: u32,
+}
+
+/// A partition's whole mutable state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Strictly increasing with every write.
+    pub version: u64,
+    /// The topic incarnation this state belongs to.
+    pub incarnation: String,
+    /// Ids of the last writes, newest last.
+    pub recent_writes: VecDeque<String>,
+    /// The offset the next produced message gets.
+    pub next_offset: u64,
+    /// The oldest retained offset.
+    pub start_offset: u64,
+    /// The lowest unsettled offset.
+    pub frontier: u64,
+    /// Retained segments in offset order.
+    pub segments: Vec<SegmentRef>,
+    /// Delivered, unsettled messages by offset (live or lapsed leases).
+    pub leases: BTreeMap<u64, Lease>,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: BTreeSet<u64>,
+}
+
+impl Manifest {
+    /// The state of a partition nothing has been written to.
+    pub fn empty(incarnation: &str) -> Self {
+        Self {
+            version: 0,
+            incarnation: incarnation.to_owned(),
+            recent_writes: VecDeque::new(),
+            next_offset: 0,
+            start_offset: 0,
+            frontier: 0,
+            segments: Vec::new(),
+            leases: BTreeMap::new(),
+            acked_ahead: BTreeSet::new(),
+        }
+    }
+
+    /// Leases still live at `now_ms`.
+    pub fn in_flight(&self, now_ms: u64) -> usize {
+        self.leases.values().filter(|l| l.deadline_ms > now_ms).count()
+    }
+
+    /// True when `offset` exists, is unsettled, and has no live lease at `now_ms`.
+    pub fn is_available(&self, offset: u64, now_ms: u64) -> bool {
+        offset >= self.frontier
+            && offset < self.next_offset
+            && !self.acked_ahead.contains(&offset)
+            && self.leases.get(&offset).is_none_or(|l| l.deadline_ms <= now_ms)
+    }
+
+    /// The segment holding `offset`, if retained.
+    pub fn segment_for(&self, offset: u64) -> Option<&SegmentRef> {
+        let i = self.segments.partition_point(|s| s.base_offset <= offset);
+        let seg = self.segments.get(i.checked_sub(1)?)?;
+        (offset < seg.base_offset + u64::from(seg.count)).then_some(seg)
+    }
+
+    /// Advances the frontier past every contiguous acked offset.
+    pub fn advance_frontier(&mut self) {
+        while self.acked_ahead.remove(&self.frontier) {
+            self.frontier += 1;
+        }
+    }
+
+    /// Drops segments whose newest message is older than `retention_ms` at `now_ms`,
+    /// with every lease and ack below the new start. Returns the dropped segments, whose
+    /// objects the caller deletes after the write commits.
+    pub fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Vec<SegmentRef> {
+        let cutoff = now_ms.saturating_sub(retention_ms);
+        let keep_from = self.segments.iter().position(|s| s.last_produced_ms >= cutoff);
+        let n = keep_from.unwrap_or(self.segments.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        let dropped: Vec<SegmentRef> = self.segments.drain(..n).collect();
+        self.start_offset = self.segments.first().map_or(self.next_offset, |s| s.base_offset);
+        let start = self.start_offset;
+        self.leases.retain(|o, _| *o >= start);
+        self.acked_ahead.retain(|o| *o >= start);
+        if self.frontier < start {
+            self.frontier = start;
+        }
+        // An ack at the new start is now contiguous with the frontier.
+        self.advance_frontier();
+        dropped
+    }
+}
+
+/// What an operation decided about the manifest copy it was given.
+#[derive(Debug)]
+pub enum Decision<T> {
+    /// Write the changed copy, then return the value.
+    Commit(T),
+    /// Write nothing; return the value.
+    Keep(T),
+}
+
+/// Why [`update`] or [`read`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError<E> {
+    /// The operation refused (its own error type).
+    #[error("{0}")]
+    Rejected(E),
+    /// Too many concurrent writers; retry later.
+    #[error("manifest contention: gave up after {MAX_ATTEMPTS} attempts")]
+    Contention,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The stored manifest does not parse.
+    #[error("corrupt manifest: {0}")]
+    Corrupt(String),
+}
+
+/// A manifest as read, with the ETag to write against (`None`: no object yet).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The state (empty if absent or of another incarnation).
+    pub manifest: Manifest,
+    /// ETag of the stored object, if one exists.
+    pub etag: Option<String>,
+}
+
+/// Reads the manifest at `key` for topic incarnation `incarnation`.
+pub async fn read<E>(store: &dyn Store, key: &str, incarnation: &str) -> Result<Snapshot, UpdateError<E>> {
+    match store.get(key).await? {
+        None => Ok(Snapshot { manifest: Manifest::empty(incarnation), etag: None }),
+        Some(obj) => {
+            let stored: Manifest =
+                serde_json::from_slice(&obj.data).map_err(|e| UpdateError::Corrupt(e.to_string()))?;
+            let manifest = if stored.incarnation == incarnation {
+                stored
+            } else {
+                // Left over from a deleted topic of the same name: start afresh, but keep
+                // the version climbing so no two states share bytes.
+                Manifest { version: stored.version, ..Manifest::empty(incarnation) }
+            };
+            Ok(Snapshot { manifest, etag: Some(obj.etag) })
+        }
+    }
+}
+
+/// Applies `op` to the manifest at `key` with optimistic concurrency, as described in
+/// the module documentation. `op` sees a copy whose `version` is already the version
+/// this write will have (a lease granted now uses it as its lease id); it may be
+/// called several times and must be a pure function of the manifest.
+///
+/// Returns the op's value and the manifest as committed (or as read, for `Keep`).
+///
+/// Errors: the op's own error as [`UpdateError::Rejected`]; [`UpdateError::Contention`]
+/// after [`MAX_ATTEMPTS`] lost races; [`UpdateError::Store`] when the store fails, including
+/// an ambiguous write that a re-read cannot confirm.
+pub async fn update<T, E>(
+    store: &dyn Store,
+    ids: &dyn IdSource,
+    key: &str,
+    incarnation: &str,
+    mut op: impl FnMut(&mut Manifest) -> Result<Decision<T>, E>,
+) -> Result<(T, Manifest), UpdateError<E>> {
+    for attempt in 0..MAX_ATTEMPTS {
+        let snap = read(store, key, incarnation).await?;
+        let mut next = snap.manifest.clone();
+        next.version += 1;
+        let value = match op(&mut next).map_err(UpdateError::Rejected)? {
+            Decision::Keep(v) => return Ok((v, snap.manifest)),
+            Decision::Commit(v) => v,
+        };
+        let write_id = ids.new_id();
+        next.recent_writes.push_back(write_id.clone());
+        while next.recent_writes.len() > RECENT_WRITES {
+            next.recent_writes.pop_front();
+        }
+        let body = match serde_json::to_vec(&next) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => return Err(UpdateError::Corrupt(e.to_string())),
+        };
+        let put = match &snap.etag {
+            None => store.put_if_absent(key, body).await,
+            Some(etag) => store.put_if_match(key, body, etag).await,
+        };
+        match put {
+            Ok(_) => return Ok((value, next)),
+            Err(StoreError::Conflict) | Err(StoreError::NotFound) => backoff(attempt).await,
+            Err(StoreError::Unavailable(why)) => {
+                // The write may have landed. Look for our write id before retrying.
+                match store.get(key).await {
+                    Ok(Some(obj)) => {
+                        let landed = serde_json::from_slice::<Manifest>(&obj.data)
+                            .map(|m| m.recent_writes.contains(&write_id))
+                            .unwrap_or(false);
+                        if landed {
+                            return Ok((value, next));
+                        }
+                        backoff(attempt).await;
+                    }
+                    Ok(None) => backoff(attempt).await,
+                    Err(_) => return Err(UpdateError::Store(StoreError::Unavailable(why))),
+                }
+            }
+            Err(e) => return Err(UpdateError::Store(e)),
+        }
+    }
+    Err(UpdateError::Contention)
+}
+
+/// Full-jitter exponential backoff: up to 2 ms × 2^attempt, capped at 100 ms.
+async fn backoff(attempt: u32) {
+    let cap = (2u64 << attempt.min(6)).min(100);
+    let ms = rand::thread_rng().gen_range(0..=cap);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::SequentialIds;
+    use crate::store::memory::MemoryStore;
+
+    fn seg(id: &str, base: u64, count: u32, t: u64) -> SegmentRef {
+        SegmentRef { id: id.into(), base_offset: base, count, last_produced_ms: t, bytes: 1 }
+    }
+
+    #[test]
+    fn segment_lookup() {
+        let mut m = Manifest::empty("i");
+        m.segments = vec![seg("a", 0, 2, 0), seg("b", 2, 3, 0)];
+        m.next_offset = 5;
+        assert_eq!(m.segment_for(0).map(|s| s.id.as_str()), Some("a"));
+        assert_eq!(m.segment_for(1).map(|s| s.id.as_str()), Some("a"));
+        assert_eq!(m.segment_for(2).map(|s| s.id.as_str()), Some("b"));
+        assert_eq!(m.segment_for(4).map(|s| s.id.as_str()), Some("b"));
+        assert!(m.segment_for(5).is_none());
+    }
+
+    #[test]
+    fn retention_moves_start_and_frontier() {
+        let mut m = Manifest::empty("i");
+        m.segments = vec![seg("a", 0, 2, 100), seg("b", 2, 2, 200), seg("c", 4, 1, 300)];
+        m.next_offset = 5;
+        m.leases.insert(1, Lease { lease_id: 1, deadline_ms: 9999, delivery_count: 1 });
+        m.acked_ahead.insert(3);
+        let dropped = m.apply_retention(1150, 1000);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!((m.start_offset, m.frontier), (2, 2));
+        assert!(m.leases.is_empty());
+        let dropped = m.apply_retention(1250, 1000);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!((m.start_offset, m.frontier), (4, 4));
+        assert!(m.acked_ahead.is_empty());
+        m.apply_retention(5000, 1000);
+        assert_eq!((m.start_offset, m.frontier, m.next_offset), (5, 5, 5));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_updates_all_land_with_increasing_versions() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let ids = Arc::new(SequentialIds::default());
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (store, ids) = (store.clone(), ids.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    update::<_, ()>(&*store, &*ids, "m", "i", |m| {
+                        m.next_offset += 1;
+                        Ok(Decision::Commit(()))
+                    })
+                    .await
+                    .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let snap = read::<()>(&*store, "m", "i").await.unwrap();
+        assert_eq!(snap.manifest.next_offset, 80);
+        assert_eq!(snap.manifest.version, 80);
+    }
+
+    #[tokio::test]
+    async fn other_incarnation_reads_as_empty() {
+        let store = MemoryStore::new();
+        let ids = SequentialIds::default();
+        update::<_, ()>(&store, &ids, "m", "old", |m| {
+            m.next_offset = 7;
+            Ok(Decision::Commit(()))
+        })
+        .await
+        .unwrap();
+        let snap = read::<()>(&store, "m", "new").await.unwrap();
+        assert_eq!(snap.manifest.next_offset, 0);
+        assert_eq!(snap.manifest.version, 1);
+        let (_, m) = update::<_, ()>(&store, &ids, "m", "new", |_| Ok(Decision::Commit(()))).await.unwrap();
+        assert_eq!((m.version, m.next_offset, m.incarnation.as_str()), (2, 0, "new"));
+    }
+}

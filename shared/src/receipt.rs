@@ -1,0 +1,166 @@
+//! Receipt handles: signed proof that a consumer holds a lease.
+//!
+//! A handle is `v1.{claims}.{mac}`, both parts unpadded base64url. The claims are a
+//! small JSON object naming the signing key id, topic, partition, offset and lease id;
+//! the MAC is HMAC-SHA256 over `narad-receipt-v1.{claims}` with the key the id names.
+//! Several keys may be configured: the first signs, all verify, so keys can rotate.
+//!
+//! [`Receipts::verify`] runs before any storage call. A handle that does not parse is
+//! [`ReceiptError::Malformed`] (HTTP 400); one with an unknown key id, a bad MAC or
+//! another topic's name is [`ReceiptError::Invalid`] (HTTP 410, like any handle that is
+//! no longer yours). Users treat handles as opaque.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+const DOMAIN: &[u8] = b"narad-receipt-v1.";
+/// Handles longer than this are refused without further work.
+const MAX_HANDLE_LEN: usize = 1024;
+
+/// What a receipt handle proves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// Topic name.
+    #[serde(rename = "t")]
+    pub topic: String,
+    /// Partition.
+    #[serde(rename = "p")]
+    pub partition: u32,
+    /// Offset of the message.
+    #[serde(rename = "o")]
+    pub offset: u64,
+    /// The lease id (manifest version that granted the lease).
+    #[serde(rename = "l")]
+    pub lease_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Signed {
+    k: String,
+    #[serde(flatten)]
+    claims: Claims,
+}
+
+/// A handle that cannot be accepted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReceiptError {
+    /// Not a receipt handle at all.
+    #[error("malformed receipt handle")]
+    Malformed,
+    /// Well formed, but not signed by a current key or not for this topic.
+    #[error("receipt handle is not valid for this topic")]
+    Invalid,
+}
+
+/// The signing keys. The first signs; every one verifies.
+#[derive(Clone)]
+pub struct Receipts {
+    keys: Vec<(String, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Receipts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
+        f.debug_struct("Receipts").field("key_ids", &ids).finish()
+    }
+}
+
+/// The id of a key: 8 hex digits of a hash, safe to show.
+pub fn key_id(key: &[u8]) -> String {
+    let d = Sha256::new().chain_update(b"narad-key-id").chain_update(key).finalize();
+    d[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Receipts {
+    /// Keys in order of preference; `None` when the list is empty.
+    pub fn new(keys: Vec<Vec<u8>>) -> Option<Self> {
+        if keys.is_empty() {
+            return None;
+        }
+        Some(Self { keys: keys.into_iter().map(|k| (key_id(&k), k)).collect() })
+    }
+
+    fn mac(key: &[u8], claims_b64: &str) -> HmacSha256 {
+        // HMAC accepts keys of any length; this cannot fail.
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+        mac.update(DOMAIN);
+        mac.update(claims_b64.as_bytes());
+        mac
+    }
+
+    /// Signs `claims` with the current key.
+    pub fn sign(&self, claims: &Claims) -> String {
+        let (kid, key) = &self.keys[0];
+        let signed = Signed { k: kid.clone(), claims: claims.clone() };
+        let json = serde_json::to_vec(&signed).unwrap_or_default();
+        let body = B64.encode(json);
+        let tag = Self::mac(key, &body).finalize().into_bytes();
+        format!("v1.{body}.{}", B64.encode(tag))
+    }
+
+    /// Checks `handle` and that it names `topic`; returns its claims.
+    ///
+    /// Errors: [`ReceiptError::Malformed`] when it does not parse;
+    /// [`ReceiptError::Invalid`] for an unknown key, a bad MAC or another topic.
+    pub fn verify(&self, handle: &str, topic: &str) -> Result<Claims, ReceiptError> {
+        if handle.len() > MAX_HANDLE_LEN {
+            return Err(ReceiptError::Malformed);
+        }
+        let mut parts = handle.split('.');
+        let (Some("v1"), Some(body), Some(tag), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(ReceiptError::Malformed);
+        };
+        let json = B64.decode(body).map_err(|_| ReceiptError::Malformed)?;
+        let tag = B64.decode(tag).map_err(|_| ReceiptError::Malformed)?;
+        let signed: Signed = serde_json::from_slice(&json).map_err(|_| ReceiptError::Malformed)?;
+        let (_, key) = self.keys.iter().find(|(id, _)| *id == signed.k).ok_or(ReceiptError::Invalid)?;
+        Self::mac(key, body).verify_slice(&tag).map_err(|_| ReceiptError::Invalid)?;
+        if signed.claims.topic != topic {
+            return Err(ReceiptError::Invalid);
+        }
+        Ok(signed.claims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> Claims {
+        Claims { topic: "orders".into(), partition: 2, offset: 42, lease_id: 7 }
+    }
+
+    #[test]
+    fn sign_verify_and_rotate() {
+        let old = Receipts::new(vec![b"old-key".to_vec()]).unwrap();
+        let h = old.sign(&claims());
+        assert_eq!(old.verify(&h, "orders").unwrap(), claims());
+        let rotated = Receipts::new(vec![b"new-key".to_vec(), b"old-key".to_vec()]).unwrap();
+        assert_eq!(rotated.verify(&h, "orders").unwrap(), claims());
+        let other = Receipts::new(vec![b"new-key".to_vec()]).unwrap();
+        assert_eq!(other.verify(&h, "orders"), Err(ReceiptError::Invalid));
+    }
+
+    #[test]
+    fn tampering_and_other_topics() {
+        let r = Receipts::new(vec![b"k".to_vec()]).unwrap();
+        let h = r.sign(&claims());
+        assert_eq!(r.verify(&h, "payments"), Err(ReceiptError::Invalid));
+        let mut forged = claims();
+        forged.offset = 43;
+        let body = B64.encode(
+            serde_json::to_vec(&Signed { k: key_id(b"k"), claims: forged }).unwrap(),
+        );
+        let tag = h.rsplit('.').next().unwrap();
+        assert_eq!(r.verify(&format!("v1.{body}.{tag}"), "orders"), Err(ReceiptError::Invalid));
+        for bad in ["", "v1", "v1.a.b.c", "v2.x.y", "v1.!!!.abc", &"a".repeat(5000)] {
+            assert_eq!(r.verify(bad, "orders"), Err(ReceiptError::Malformed), "{bad}");
+        }
+    }
+}

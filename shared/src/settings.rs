@@ -1,0 +1,159 @@
+//! Topic settings: their defaults, their limits, and how they are created and changed.
+//!
+//! | setting | default | range | changeable |
+//! |---|---|---|---|
+//! | `partitions` | 1 | 1–256 | no |
+//! | `visibility_timeout_ms` | 30000 | 100 ms – 12 h | yes |
+//! | `max_in_flight_per_partition` | 1000 | 1–10000 | yes |
+//! | `max_acked_ahead_per_partition` | 1000 | 1–10000 | yes |
+//! | `retention_ms` | 7 days | 1 s – 365 days | yes |
+//!
+//! Unknown settings are refused, so a typo never silently falls back to a default.
+
+use serde::{Deserialize, Serialize};
+
+/// Upper bound on partitions per topic.
+pub const MAX_PARTITIONS: u32 = 256;
+
+/// A topic's effective settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicSettings {
+    /// Number of partitions (fixed at creation).
+    pub partitions: u32,
+    /// How long a consumed message stays invisible to others.
+    pub visibility_timeout_ms: u64,
+    /// Leases in flight per partition before consume answers 204.
+    pub max_in_flight_per_partition: u32,
+    /// Out-of-order acks held above the frontier before acks answer 503.
+    pub max_acked_ahead_per_partition: u32,
+    /// Messages older than this are deleted.
+    pub retention_ms: u64,
+}
+
+impl Default for TopicSettings {
+    fn default() -> Self {
+        Self {
+            partitions: 1,
+            visibility_timeout_ms: 30_000,
+            max_in_flight_per_partition: 1000,
+            max_acked_ahead_per_partition: 1000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+/// The JSON body of a create (`PUT`) or change (`PATCH`): every field optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsInput {
+    /// See [`TopicSettings::partitions`].
+    pub partitions: Option<u32>,
+    /// See [`TopicSettings::visibility_timeout_ms`].
+    pub visibility_timeout_ms: Option<u64>,
+    /// See [`TopicSettings::max_in_flight_per_partition`].
+    pub max_in_flight_per_partition: Option<u32>,
+    /// See [`TopicSettings::max_acked_ahead_per_partition`].
+    pub max_acked_ahead_per_partition: Option<u32>,
+    /// See [`TopicSettings::retention_ms`].
+    pub retention_ms: Option<u64>,
+}
+
+/// A setting out of range, or an attempt to change a fixed one.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSetting(pub String);
+
+impl SettingsInput {
+    /// Parses a request body; an empty body means "all defaults".
+    ///
+    /// Errors: [`InvalidSetting`] for malformed JSON, unknown fields or wrong types.
+    pub fn parse(body: &[u8]) -> Result<Self, InvalidSetting> {
+        if body.iter().all(|b| b.is_ascii_whitespace()) {
+            return Ok(Self::default());
+        }
+        serde_json::from_slice(body).map_err(|e| InvalidSetting(format!("invalid settings: {e}")))
+    }
+
+    /// The settings of a new topic: defaults overlaid with this input, validated.
+    pub fn to_new(&self) -> Result<TopicSettings, InvalidSetting> {
+        let mut s = TopicSettings::default();
+        if let Some(p) = self.partitions {
+            s.partitions = p;
+        }
+        self.overlay(&mut s);
+        validate(&s)?;
+        Ok(s)
+    }
+
+    /// `current` changed by this input, validated. `partitions` cannot change.
+    pub fn apply_to(&self, current: &TopicSettings) -> Result<TopicSettings, InvalidSetting> {
+        if let Some(p) = self.partitions {
+            if p != current.partitions {
+                return Err(InvalidSetting("partitions cannot be changed after creation".into()));
+            }
+        }
+        let mut s = current.clone();
+        self.overlay(&mut s);
+        validate(&s)?;
+        Ok(s)
+    }
+
+    fn overlay(&self, s: &mut TopicSettings) {
+        if let Some(v) = self.visibility_timeout_ms {
+            s.visibility_timeout_ms = v;
+        }
+        if let Some(v) = self.max_in_flight_per_partition {
+            s.max_in_flight_per_partition = v;
+        }
+        if let Some(v) = self.max_acked_ahead_per_partition {
+            s.max_acked_ahead_per_partition = v;
+        }
+        if let Some(v) = self.retention_ms {
+            s.retention_ms = v;
+        }
+    }
+}
+
+fn check(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), InvalidSetting> {
+    if v < lo || v > hi {
+        return Err(InvalidSetting(format!("{name} must be between {lo} and {hi}, got {v}")));
+    }
+    Ok(())
+}
+
+/// Checks every setting against its range.
+pub fn validate(s: &TopicSettings) -> Result<(), InvalidSetting> {
+    check("partitions", s.partitions.into(), 1, MAX_PARTITIONS.into())?;
+    check("visibility_timeout_ms", s.visibility_timeout_ms, 100, 12 * 3600 * 1000)?;
+    check("max_in_flight_per_partition", s.max_in_flight_per_partition.into(), 1, 10_000)?;
+    check("max_acked_ahead_per_partition", s.max_acked_ahead_per_partition.into(), 1, 10_000)?;
+    check("retention_ms", s.retention_ms, 1000, 365 * 24 * 3600 * 1000)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overlay() {
+        let s = SettingsInput::parse(b"").unwrap().to_new().unwrap();
+        assert_eq!(s, TopicSettings::default());
+        let s = SettingsInput::parse(br#"{"partitions":4,"visibility_timeout_ms":500}"#)
+            .unwrap()
+            .to_new()
+            .unwrap();
+        assert_eq!((s.partitions, s.visibility_timeout_ms), (4, 500));
+    }
+
+    #[test]
+    fn refuses_unknown_and_out_of_range() {
+        assert!(SettingsInput::parse(br#"{"partitionz":4}"#).is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":-1}"#).is_err());
+        assert!(SettingsInput::parse(br#"{"visibility_timeout_ms":99}"#).unwrap().to_new().is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":0}"#).unwrap().to_new().is_err());
+        let cur = TopicSettings::default();
+        assert!(SettingsInput::parse(br#"{"partitions":2}"#).unwrap().apply_to(&cur).is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":1}"#).unwrap().apply_to(&cur).is_ok());
+    }
+}

@@ -1,0 +1,277 @@
+//! The embedded [`Store`]: one directory on the local file system.
+//!
+//! Each key is a file below the root (`topics/t/0/manifest.json` is
+//! `ROOT/topics/t/0/manifest.json`). Writes go to a temporary file under
+//! `ROOT/.tmp/`, are flushed with `fsync`, and are renamed into place, so a reader sees
+//! either the old or the new content, never a torn file.
+//!
+//! Conditional writes hold an exclusive `flock` on `ROOT/.lock` while they check and
+//! rename, so the compare-and-swap is safe between tasks of one process and between
+//! processes that share the directory (on one machine; not over NFS). Reads take no lock.
+//!
+//! ETags are content hashes (like S3's MD5 ETags): equal bytes give equal ETags.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{content_etag, Object, Store, StoreError, StoreResult};
+
+const LOCK_FILE: &str = ".lock";
+const TMP_DIR: &str = ".tmp";
+
+/// A store rooted at one directory.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    root: Arc<PathBuf>,
+}
+
+impl FileStore {
+    /// Opens (creating if needed) the store at `path`.
+    ///
+    /// Errors: [`StoreError::Other`] when the directory cannot be created or written.
+    pub async fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+        let root = path.as_ref().to_path_buf();
+        let r = root.clone();
+        blocking(move || {
+            fs::create_dir_all(r.join(TMP_DIR))?;
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(r.join(LOCK_FILE))?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| StoreError::Other(format!("cannot open file store at {}: {e}", root.display())))?;
+        Ok(Self { root: Arc::new(root) })
+    }
+
+    fn path_of(&self, key: &str) -> StoreResult<PathBuf> {
+        let valid = !key.is_empty()
+            && !key.starts_with('/')
+            && key
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".." && !c.starts_with(".tmp") && c != LOCK_FILE);
+        if !valid {
+            return Err(StoreError::Other(format!("invalid key {key:?}")));
+        }
+        Ok(self.root.join(key))
+    }
+
+    async fn conditional_put(&self, key: &str, data: Bytes, cond: Condition) -> StoreResult<String> {
+        let path = self.path_of(key)?;
+        let root = self.root.clone();
+        blocking(move || {
+            let _guard = LockGuard::acquire(&root)?;
+            let current = read_opt(&path)?;
+            match (&cond, current) {
+                (Condition::Absent, Some(_)) => return Ok(Err(StoreError::Conflict)),
+                (Condition::Absent, None) => {}
+                (Condition::Match(_), None) => return Ok(Err(StoreError::NotFound)),
+                (Condition::Match(want), Some(cur)) => {
+                    if content_etag(&cur) != *want {
+                        return Ok(Err(StoreError::Conflict));
+                    }
+                }
+            }
+            write_atomic(&root, &path, &data)?;
+            Ok(Ok(content_etag(&data)))
+        })
+        .await
+        .map_err(io_err)?
+    }
+}
+
+enum Condition {
+    Absent,
+    Match(String),
+}
+
+/// Holds the store-wide exclusive lock until dropped.
+struct LockGuard(File);
+
+impl LockGuard {
+    fn acquire(root: &Path) -> io::Result<Self> {
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join(LOCK_FILE))?;
+        f.lock()?;
+        Ok(Self(f))
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
+}
+
+fn read_opt(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::IsADirectory => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn write_atomic(root: &Path, path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = root.join(TMP_DIR).join(uuid::Uuid::new_v4().to_string());
+    let mut f = File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_data()?;
+    drop(f);
+    let parent = path.parent().unwrap_or(root);
+    fs::create_dir_all(parent)?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Ok(dir) = File::open(parent) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> io::Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".tmp") || name == LOCK_FILE {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            walk(root, &path, out)?;
+        } else if let Ok(rel) = path.strip_prefix(root) {
+            let key: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+            out.push(key.join("/"));
+        }
+    }
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io::Error::other(format!("file store task failed: {e}")))?
+}
+
+fn io_err(e: io::Error) -> StoreError {
+    StoreError::Other(format!("file store: {e}"))
+}
+
+#[async_trait]
+impl Store for FileStore {
+    async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
+        let path = self.path_of(key)?;
+        let data = blocking(move || read_opt(&path)).await.map_err(io_err)?;
+        Ok(data.map(|d| {
+            let etag = content_etag(&d);
+            Object { data: Bytes::from(d), etag }
+        }))
+    }
+
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+        self.conditional_put(key, data, Condition::Absent).await
+    }
+
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+        self.conditional_put(key, data, Condition::Match(etag.to_owned())).await
+    }
+
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        let path = self.path_of(key)?;
+        let root = self.root.clone();
+        blocking(move || {
+            let _guard = LockGuard::acquire(&root)?;
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            // Tidy now-empty directories up to the root; a non-empty one stops the walk.
+            let mut dir = path.parent();
+            while let Some(d) = dir {
+                if d == root.as_path() || fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+            Ok(())
+        })
+        .await
+        .map_err(io_err)
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        let root = self.root.clone();
+        let prefix = prefix.to_owned();
+        blocking(move || {
+            let dir_part = match prefix.rfind('/') {
+                Some(i) => &prefix[..i],
+                None => "",
+            };
+            let start = if dir_part.is_empty() { root.to_path_buf() } else { root.join(dir_part) };
+            let mut out = Vec::new();
+            walk(&root, &start, &mut out)?;
+            out.retain(|k| k.starts_with(&prefix));
+            out.sort();
+            Ok(out)
+        })
+        .await
+        .map_err(io_err)
+    }
+
+    fn describe(&self) -> String {
+        format!("file://{}", self.root.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn conformance() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(super::FileStore::open(dir.path()).await.unwrap());
+        crate::store::conformance::run_all(store, "t").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_handles_on_one_directory_share_cas() {
+        // Two FileStore values on one directory behave like two processes.
+        let dir = tempfile::tempdir().unwrap();
+        let a = super::FileStore::open(dir.path()).await.unwrap();
+        let b = super::FileStore::open(dir.path()).await.unwrap();
+        use crate::store::{Store, StoreError};
+        let e = a.put_if_absent("k", bytes::Bytes::from_static(b"1")).await.unwrap();
+        b.put_if_match("k", bytes::Bytes::from_static(b"2"), &e).await.unwrap();
+        let r = a.put_if_match("k", bytes::Bytes::from_static(b"3"), &e).await;
+        assert!(matches!(r, Err(StoreError::Conflict)));
+    }
+
+    #[tokio::test]
+    async fn rejects_path_traversal() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = super::FileStore::open(dir.path()).await.unwrap();
+        use crate::store::Store;
+        assert!(s.get("../etc/passwd").await.is_err());
+        assert!(s.get("/abs").await.is_err());
+        assert!(s.get("a//b").await.is_err());
+    }
+}

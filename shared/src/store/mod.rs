@@ -1,0 +1,123 @@
+//! The object-store contract every Narad backend implements.
+//!
+//! Narad keeps all of its state in a flat key space of immutable or
+//! conditionally replaced objects. A backend offers exactly five operations:
+//!
+//! * [`Store::get`]: the bytes of an object and its ETag, or `None` when it is absent.
+//! * [`Store::put_if_absent`]: create an object only if no object has that key
+//!   (`If-None-Match: *`). Fails with [`StoreError::Conflict`] if it exists.
+//! * [`Store::put_if_match`]: replace an object only if its current ETag equals the
+//!   given one (`If-Match`). Fails with [`StoreError::Conflict`] if the object changed
+//!   and with [`StoreError::NotFound`] if it no longer exists.
+//! * [`Store::delete`]: remove an object; deleting an absent object succeeds.
+//! * [`Store::list`]: every key that starts with a prefix, in lexicographic order.
+//!
+//! ETags are opaque strings compared for equality only. Identical content may get
+//! the same ETag (as on S3), so callers that need to tell two writes of the same bytes
+//! apart must put a version in the content (the manifest does).
+//!
+//! Errors are typed: a lost race is [`StoreError::Conflict`], never a string to match.
+//! [`StoreError::Unavailable`] marks a transient failure (throttling, 5xx, timeouts)
+//! that the caller may retry and that the HTTP edge reports as 503 with `Retry-After`.
+//!
+//! Every backend must pass [`conformance::run_all`].
+
+pub mod conformance;
+pub mod file;
+pub mod memory;
+pub mod s3;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// An object's content and the ETag the store gave that content.
+#[derive(Debug, Clone)]
+pub struct Object {
+    /// The object's bytes.
+    pub data: Bytes,
+    /// The opaque version tag to pass to [`Store::put_if_match`].
+    pub etag: String,
+}
+
+/// What can go wrong talking to a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A conditional write lost: the object exists (`put_if_absent`) or changed (`put_if_match`).
+    #[error("conditional write conflict")]
+    Conflict,
+    /// The object a conditional replace named does not exist.
+    #[error("object not found")]
+    NotFound,
+    /// A transient failure worth retrying later (throttling, 5xx, timeout, lost response).
+    /// The request may or may not have been applied.
+    #[error("storage temporarily unavailable: {0}")]
+    Unavailable(String),
+    /// A permanent failure (permissions, misconfiguration, corrupt data).
+    #[error("storage error: {0}")]
+    Other(String),
+}
+
+/// Result of a store call.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A shared handle to any store.
+pub type DynStore = Arc<dyn Store>;
+
+/// The storage contract. See the module documentation for the exact semantics.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Reads an object. `Ok(None)` when it does not exist.
+    async fn get(&self, key: &str) -> StoreResult<Option<Object>>;
+
+    /// Creates `key` with `data` unless it exists. Returns the new ETag.
+    /// Errors: [`StoreError::Conflict`] when the key already exists.
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String>;
+
+    /// Replaces `key` with `data` if its ETag is still `etag`. Returns the new ETag.
+    /// Errors: [`StoreError::Conflict`] when the ETag differs, [`StoreError::NotFound`]
+    /// when the object does not exist.
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String>;
+
+    /// Deletes `key`. Deleting a missing key is not an error.
+    async fn delete(&self, key: &str) -> StoreResult<()>;
+
+    /// Every key starting with `prefix`, sorted.
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<String>>;
+
+    /// A short description for logs and startup messages (never contains secrets).
+    fn describe(&self) -> String;
+}
+
+/// Opens a store from a URL: `file://PATH`, `memory://` or `s3://BUCKET[/PREFIX]`.
+///
+/// Errors: [`StoreError::Other`] for an unknown scheme or a backend that fails its
+/// startup probe (missing bucket, missing credentials, no conditional writes).
+pub async fn open(url: &str) -> StoreResult<DynStore> {
+    if let Some(path) = url.strip_prefix("file://") {
+        let store = file::FileStore::open(path).await?;
+        Ok(Arc::new(store))
+    } else if url == "memory://" || url == "memory" {
+        Ok(Arc::new(memory::MemoryStore::new()))
+    } else if let Some(rest) = url.strip_prefix("s3://") {
+        let store = s3::S3Store::open(rest).await?;
+        Ok(Arc::new(store))
+    } else {
+        Err(StoreError::Other(format!(
+            "unknown store URL {url:?}: expected file://PATH, memory:// or s3://BUCKET[/PREFIX]"
+        )))
+    }
+}
+
+/// The ETag a content-addressed backend gives `data`: hex SHA-256, like S3's MD5 ETags
+/// it is equal for equal bytes.
+pub(crate) fn content_etag(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(data);
+    let mut out = String::with_capacity(32);
+    for b in &digest[..16] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}

@@ -1,0 +1,556 @@
+//! The S3 backend: one bucket, one optional key prefix, conditional writes.
+//!
+//! Opened from `s3://BUCKET[/PREFIX]` via [`super::open`]. Keys passed to the [`Store`]
+//! methods are relative to `PREFIX/`; [`Store::list`] returns them relative to it too.
+//!
+//! # Configuration
+//!
+//! The usual AWS way ([`aws_config::defaults`]): credentials and region from the environment,
+//! the shared config files, SSO, web identity or instance metadata. With no region configured
+//! the store uses `us-east-1`. When `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` is set
+//! (LocalStack, MinIO) the client uses that endpoint with path-style addressing.
+//! Timeouts: 3 s to connect, 30 s per request attempt (and 30 s to read a body).
+//!
+//! # Startup probe
+//!
+//! [`S3Store::open`] fails once, clearly, with [`StoreError::Other`] when:
+//! * no credentials can be loaded (no provider, or the provider fails);
+//! * `HeadBucket` answers 404 (the bucket does not exist), 403 (credentials invalid or not
+//!   allowed), 301/400 (the bucket lives in another region), or the endpoint is unreachable;
+//! * the server ignores conditional writes: it writes `{prefix}.narad-probe/{uuid}` with
+//!   `If-None-Match: *` twice (the second must fail with 412/409), then with `If-Match` and a
+//!   wrong ETag (must fail with 412/409), then deletes the probe object. Cost: one HEAD,
+//!   three PUTs, one DELETE.
+//!
+//! # Contract
+//!
+//! * `get` is `GetObject`; a missing key (404 `NoSuchKey`) is `Ok(None)`.
+//! * `put_if_absent` is `PutObject` with `If-None-Match: *`.
+//! * `put_if_match` is `PutObject` with `If-Match: <etag>`.
+//! * `delete` is `DeleteObject` (deleting a missing key succeeds, as on S3).
+//! * `list` is `ListObjectsV2`, all pages, keys relative to the store prefix, sorted.
+//! * ETags are used verbatim as S3 returns them, quotes included ([`etag_of`] is the one
+//!   place that reads them), so the ETag from a put equals the ETag a later get returns for
+//!   the same version, and the caller passes that string back to `If-Match` unchanged.
+//!
+//! # Error mapping ([`map_err`], the only place that classifies errors)
+//!
+//! | what S3 answered                                          | [`StoreError`]   |
+//! |-----------------------------------------------------------|------------------|
+//! | 412 `PreconditionFailed`                                  | `Conflict`       |
+//! | 409 (`ConditionalRequestConflict`, `OperationAborted`)    | `Conflict`       |
+//! | 404 `NoSuchKey` / `NotFound` (`put_if_match` on a missing key; `get` turns it into `None`, `delete` into `Ok`) | `NotFound` |
+//! | 404 `NoSuchBucket`                                        | `Other`          |
+//! | 5xx (500 `InternalError`, 503 `SlowDown`, ...), 429, throttling codes, 400 `RequestTimeout` | `Unavailable` |
+//! | timeout, dispatch/connection failure, unreadable or lost response, body read error | `Unavailable` |
+//! | request that could not be built, invalid endpoint, anything else (403, 400, ...) | `Other` |
+//!
+//! Some S3-compatible servers answer `If-Match` on a missing key with 412 instead of 404. That
+//! surfaces as `Conflict`, which is still safe: every caller re-reads on `Conflict` and then sees
+//! the object missing. No extra request is made to tell the two apart.
+//!
+//! # Retries
+//!
+//! The SDK's own retries are disabled (`max_attempts(1)`): a conditional PUT whose outcome is
+//! ambiguous (timeout, 5xx, lost response) must reach the caller as `Unavailable`, because a
+//! blind retry could report its own successful first write as a `Conflict`. The idempotent
+//! operations (`get`, `list`, `delete`) are retried here, up to [`SAFE_RETRIES`] times on
+//! `Unavailable`, with full-jitter exponential backoff. Conditional puts are never retried.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{ProvideCredentials, Region};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+use bytes::Bytes;
+use rand::Rng;
+
+use super::{Object, Store, StoreError, StoreResult};
+
+/// Retries of an idempotent operation (`get`, `list`, `delete`) after an `Unavailable` error.
+pub const SAFE_RETRIES: u32 = 3;
+/// Base delay of the retry backoff; attempt `n` sleeps a random time in `[0, BASE * 2^n]`.
+const RETRY_BASE: Duration = Duration::from_millis(50);
+/// Time allowed to establish a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Time allowed for one request attempt, and separately for reading a response body.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Folder (under the store prefix) of the startup probe's objects.
+const PROBE_DIR: &str = ".narad-probe";
+
+/// A [`Store`] on an S3 bucket (or any S3-compatible server with conditional writes).
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    /// Empty, or the key prefix with exactly one trailing `/`.
+    prefix: String,
+    /// For [`Store::describe`]: the endpoint without any userinfo.
+    endpoint: Option<String>,
+    region: String,
+}
+
+impl S3Store {
+    /// Opens `BUCKET[/PREFIX]` (the part of an `s3://` URL after the scheme), then probes the
+    /// bucket, the credentials and conditional-write support.
+    ///
+    /// Errors: [`StoreError::Other`] naming the problem (see the module documentation).
+    pub async fn open(rest: &str) -> StoreResult<S3Store> {
+        let (bucket, prefix) = parse_location(rest)?;
+        let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
+            .ok()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .filter(|e| !e.trim().is_empty());
+
+        let region_chain =
+            RegionProviderChain::default_provider().or_else(Region::from_static("us-east-1"));
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .region(region_chain)
+            .load()
+            .await;
+        let region = sdk
+            .region()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "us-east-1".to_string());
+
+        // Credentials first: without them every later step fails with a vague dispatch error.
+        let Some(creds) = sdk.credentials_provider() else {
+            return Err(StoreError::Other(
+                "S3 store: no AWS credentials provider is configured (set AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+                    .to_string(),
+            ));
+        };
+        if let Err(e) = creds.provide_credentials().await {
+            return Err(StoreError::Other(format!(
+                "S3 store: could not load AWS credentials: {}",
+                DisplayErrorContext(&e)
+            )));
+        }
+
+        let mut conf = aws_sdk_s3::config::Builder::from(&sdk)
+            .retry_config(RetryConfig::standard().with_max_attempts(1))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+                    .build(),
+            );
+        let endpoint_configured = endpoint.is_some() || sdk.endpoint_url().is_some();
+        if let Some(url) = &endpoint {
+            conf = conf.endpoint_url(url.trim());
+        }
+        if endpoint_configured {
+            conf = conf.force_path_style(true);
+        }
+        let store = S3Store {
+            client: Client::from_conf(conf.build()),
+            bucket,
+            prefix,
+            endpoint: endpoint
+                .or_else(|| sdk.endpoint_url().map(str::to_string))
+                .map(|e| strip_userinfo(&e)),
+            region,
+        };
+        store.probe().await?;
+        Ok(store)
+    }
+
+    /// Checks the bucket and conditional-write support once, at startup.
+    async fn probe(&self) -> StoreResult<()> {
+        let desc = self.describe();
+        if let Err(err) = self.client.head_bucket().bucket(&self.bucket).send().await {
+            let status = err.raw_response().map(|r| r.status().as_u16());
+            let msg = match (status, err.code()) {
+                (Some(404), _) | (_, Some("NoSuchBucket")) => format!(
+                    "S3 store {desc}: bucket {:?} does not exist (HeadBucket 404)",
+                    self.bucket
+                ),
+                (Some(403), _) => format!(
+                    "S3 store {desc}: access to bucket {:?} denied (HeadBucket 403): the \
+                     credentials are invalid or lack permission",
+                    self.bucket
+                ),
+                (Some(301), _) | (Some(400), _) => {
+                    let actual = err
+                        .raw_response()
+                        .and_then(|r| r.headers().get("x-amz-bucket-region"))
+                        .unwrap_or("unknown");
+                    format!(
+                        "S3 store {desc}: bucket {:?} is not in region {} (it is in {actual}); \
+                         set AWS_REGION (HeadBucket {})",
+                        self.bucket,
+                        self.region,
+                        status.unwrap_or_default()
+                    )
+                }
+                _ => format!(
+                    "S3 store {desc}: HeadBucket {:?} failed: {}",
+                    self.bucket,
+                    map_err("HeadBucket", &self.bucket, err)
+                ),
+            };
+            return Err(StoreError::Other(msg));
+        }
+
+        let key = format!("{PROBE_DIR}/{}", uuid::Uuid::new_v4());
+        let result = self.probe_conditional_writes(&key).await;
+        // Best effort: a leftover probe object is harmless, so a failed delete is ignored.
+        let _ = self.delete(&key).await;
+        result.map_err(|why| {
+            StoreError::Other(format!(
+                "S3 store {desc}: conditional writes are not supported: {why} (Narad needs \
+                 If-None-Match: * and If-Match on PutObject)"
+            ))
+        })
+    }
+
+    /// The conditional-write part of the probe. Returns why it failed.
+    async fn probe_conditional_writes(&self, key: &str) -> Result<(), String> {
+        let data = Bytes::from_static(b"narad startup probe");
+        let full = self.full_key(key);
+        self.put_if_absent(key, data.clone())
+            .await
+            .map_err(|e| format!("creating {full:?} with If-None-Match: * failed: {e}"))?;
+        match self.put_if_absent(key, data.clone()).await {
+            Err(StoreError::Conflict) => {}
+            Ok(_) => return Err(format!(
+                "a second If-None-Match: * PUT of {full:?} succeeded instead of failing with 412"
+            )),
+            Err(e) => {
+                return Err(format!(
+                    "a second If-None-Match: * PUT of {full:?} failed with {e} instead of 412"
+                ))
+            }
+        }
+        match self
+            .put_if_match(key, data, "\"narad-probe-wrong-etag\"")
+            .await
+        {
+            Err(StoreError::Conflict) => Ok(()),
+            Ok(_) => Err(format!(
+                "an If-Match PUT of {full:?} with a wrong ETag succeeded instead of failing with 412"
+            )),
+            Err(e) => Err(format!(
+                "an If-Match PUT of {full:?} with a wrong ETag failed with {e} instead of 412"
+            )),
+        }
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    async fn get_once(&self, key: &str) -> StoreResult<Option<Object>> {
+        let full = self.full_key(key);
+        let out = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(err) => {
+                return match map_err("GetObject", &full, err) {
+                    StoreError::NotFound => Ok(None),
+                    other => Err(other),
+                }
+            }
+        };
+        let etag = etag_of("GetObject", &full, out.e_tag())?;
+        let body = tokio::time::timeout(ATTEMPT_TIMEOUT, out.body.collect())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!("GetObject {full}: timed out reading the body"))
+            })?
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "GetObject {full}: reading the body failed: {}",
+                    DisplayErrorContext(&e)
+                ))
+            })?;
+        Ok(Some(Object {
+            data: body.into_bytes(),
+            etag,
+        }))
+    }
+
+    async fn delete_once(&self, key: &str) -> StoreResult<()> {
+        let full = self.full_key(key);
+        match self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) => match map_err("DeleteObject", &full, err) {
+                StoreError::NotFound => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// One page of a listing: full keys and the continuation token, if more pages follow.
+    async fn list_page(
+        &self,
+        full_prefix: &str,
+        token: Option<String>,
+    ) -> StoreResult<(Vec<String>, Option<String>)> {
+        let out = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(full_prefix)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .map_err(|err| map_err("ListObjectsV2", full_prefix, err))?;
+        let keys = out
+            .contents()
+            .iter()
+            .filter_map(|o| o.key().map(str::to_string))
+            .collect();
+        let next = if out.is_truncated().unwrap_or(false) {
+            out.next_continuation_token().map(str::to_string)
+        } else {
+            None
+        };
+        Ok((keys, next))
+    }
+}
+
+#[async_trait]
+impl Store for S3Store {
+    async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
+        retry_safe(|| self.get_once(key)).await
+    }
+
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+        let full = self.full_key(key);
+        let out = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .if_none_match("*")
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|err| map_err("PutObject(If-None-Match)", &full, err))?;
+        etag_of("PutObject", &full, out.e_tag())
+    }
+
+    /// Note: a server that answers `If-Match` on a missing key with 412 (instead of AWS's 404)
+    /// makes this return [`StoreError::Conflict`]; the caller's re-read then finds no object.
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+        let full = self.full_key(key);
+        let out = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .if_match(etag)
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|err| map_err("PutObject(If-Match)", &full, err))?;
+        etag_of("PutObject", &full, out.e_tag())
+    }
+
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        retry_safe(|| self.delete_once(key)).await
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        let full_prefix = self.full_key(prefix);
+        let mut keys = Vec::new();
+        let mut token = None;
+        loop {
+            let t = token.clone();
+            let (page, next) = retry_safe(|| self.list_page(&full_prefix, t.clone())).await?;
+            keys.extend(
+                page.into_iter()
+                    .filter_map(|k| k.strip_prefix(&self.prefix).map(str::to_string)),
+            );
+            match next {
+                Some(n) => token = Some(n),
+                None => break,
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    fn describe(&self) -> String {
+        let endpoint = self.endpoint.as_deref().unwrap_or("AWS default");
+        format!(
+            "s3://{}/{} (endpoint {endpoint}, region {})",
+            self.bucket, self.prefix, self.region
+        )
+    }
+}
+
+/// Splits `BUCKET[/PREFIX]` into the bucket and the prefix (empty, or ending in one `/`).
+fn parse_location(rest: &str) -> StoreResult<(String, String)> {
+    let (bucket, prefix) = match rest.split_once('/') {
+        Some((b, p)) => (b, p.trim_matches('/')),
+        None => (rest, ""),
+    };
+    if bucket.is_empty() {
+        return Err(StoreError::Other(format!(
+            "S3 store URL s3://{rest} names no bucket: expected s3://BUCKET[/PREFIX]"
+        )));
+    }
+    let prefix = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    };
+    Ok((bucket.to_string(), prefix))
+}
+
+/// `scheme://user:pass@host/...` → `scheme://host/...`, so `describe` never shows secrets.
+fn strip_userinfo(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (Some(s), r),
+        None => (None, url),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    match scheme {
+        Some(s) => format!("{s}://{rest}"),
+        None => rest.to_string(),
+    }
+}
+
+/// The one place ETags are read: verbatim, quotes and all, as S3 sent them.
+fn etag_of(op: &str, key: &str, etag: Option<&str>) -> StoreResult<String> {
+    match etag {
+        Some(e) if !e.is_empty() => Ok(e.to_string()),
+        _ => Err(StoreError::Other(format!(
+            "{op} {key}: response has no ETag"
+        ))),
+    }
+}
+
+/// Classifies every S3 error (see the table in the module documentation).
+fn map_err<E>(op: &str, key: &str, err: SdkError<E, HttpResponse>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let detail = || format!("{op} {key}: {}", DisplayErrorContext(&err));
+    match &err {
+        SdkError::ConstructionFailure(_) => StoreError::Other(detail()),
+        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => StoreError::Unavailable(detail()),
+        SdkError::DispatchFailure(f) => {
+            if f.is_user() {
+                StoreError::Other(detail())
+            } else {
+                StoreError::Unavailable(detail())
+            }
+        }
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status().as_u16();
+            match (status, err.code()) {
+                (_, Some("NoSuchBucket")) => StoreError::Other(format!(
+                    "{op} {key}: the bucket does not exist: {}",
+                    DisplayErrorContext(&err)
+                )),
+                (412, _) | (_, Some("PreconditionFailed")) => StoreError::Conflict,
+                (409, _) | (_, Some("ConditionalRequestConflict")) => StoreError::Conflict,
+                (404, _) | (_, Some("NoSuchKey")) => StoreError::NotFound,
+                (500..=599, _) | (429, _) => StoreError::Unavailable(detail()),
+                (
+                    _,
+                    Some(
+                        "SlowDown"
+                        | "RequestTimeout"
+                        | "InternalError"
+                        | "ServiceUnavailable"
+                        | "Throttling"
+                        | "ThrottlingException"
+                        | "RequestLimitExceeded"
+                        | "TooManyRequestsException",
+                    ),
+                ) => StoreError::Unavailable(detail()),
+                _ => StoreError::Other(format!("{} (HTTP {status})", detail())),
+            }
+        }
+        _ => StoreError::Other(detail()),
+    }
+}
+
+/// Runs an idempotent operation, retrying up to [`SAFE_RETRIES`] times on `Unavailable`
+/// with full-jitter exponential backoff.
+async fn retry_safe<T, F, Fut>(mut op: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = StoreResult<T>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match op().await {
+            Err(StoreError::Unavailable(why)) if attempt < SAFE_RETRIES => {
+                let cap = RETRY_BASE.as_millis() as u64 * (1u64 << attempt);
+                let wait = rand::thread_rng().gen_range(0..=cap);
+                tracing::debug!(attempt, wait_ms = wait, "S3 unavailable, retrying: {why}");
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_bucket_and_prefix() {
+        let p = |s| parse_location(s).unwrap();
+        assert_eq!(p("b"), ("b".to_string(), String::new()));
+        assert_eq!(p("b/"), ("b".to_string(), String::new()));
+        assert_eq!(p("b/x"), ("b".to_string(), "x/".to_string()));
+        assert_eq!(p("b/x/y/"), ("b".to_string(), "x/y/".to_string()));
+        assert!(matches!(parse_location(""), Err(StoreError::Other(_))));
+        assert!(matches!(parse_location("/x"), Err(StoreError::Other(_))));
+    }
+
+    #[test]
+    fn describe_hides_userinfo() {
+        assert_eq!(
+            strip_userinfo("http://127.0.0.1:4566"),
+            "http://127.0.0.1:4566"
+        );
+        assert_eq!(
+            strip_userinfo("https://u:secret@host:9000/p"),
+            "https://host:9000/p"
+        );
+        assert_eq!(strip_userinfo("host/a@b"), "host/a@b");
+    }
+
+    #[test]
+    fn etag_is_verbatim() {
+        assert_eq!(etag_of("op", "k", Some("\"abc\"")).unwrap(), "\"abc\"");
+        assert!(etag_of("op", "k", None).is_err());
+    }
+}
