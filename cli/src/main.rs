@@ -15,7 +15,11 @@ use narad_shared::{api, store};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "narad", version, about = "Narad: a pull-based message broker on object storage")]
+#[command(
+    name = "narad",
+    version,
+    about = "Narad: a pull-based message broker on object storage"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,7 +42,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -62,15 +68,20 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     if let Some(s) = store_url {
         cfg.store = s;
     }
-    let store = store::open(&cfg.store).await.map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
+    let store = store::open(&cfg.store)
+        .await
+        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
     let users = match cfg.auth.clone() {
         Some(u) => u,
         None => {
-            let password = uuid_password();
+            let password = narad_shared::config::generate_password();
             println!("narad: NARAD_AUTH is not set; generated credentials for this run:");
             println!("narad:   user: narad   password: {password}");
             println!("narad:   export AUTH=narad:{password}   # then: curl -u $AUTH ...");
-            vec![Credential { user: "narad".into(), password }]
+            vec![Credential {
+                user: "narad".into(),
+                password,
+            }]
         }
     };
     let broker = Broker::new(
@@ -95,17 +106,14 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
         .map_err(|e| format!("server error: {e}"))
 }
 
-fn uuid_password() -> String {
-    narad_shared::clock::IdSource::new_id(&RandomIds).chars().rev().take(24).collect()
-}
-
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     #[cfg(unix)]
     let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
             s.recv().await;
         }
     };

@@ -27,7 +27,9 @@ pub struct Credential {
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential").field("user", &self.user).finish_non_exhaustive()
+        f.debug_struct("Credential")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
     }
 }
 
@@ -78,7 +80,10 @@ impl Config {
                         message: format!("expected a whole number, got {v:?}"),
                     })?;
                     if n < lo || n > hi {
-                        return Err(ConfigError { var, message: format!("must be between {lo} and {hi}, got {n}") });
+                        return Err(ConfigError {
+                            var,
+                            message: format!("must be between {lo} and {hi}, got {n}"),
+                        });
                     }
                     Ok(n)
                 }
@@ -91,7 +96,8 @@ impl Config {
         let receipt_keys = match get("NARAD_RECEIPT_KEY") {
             None => Vec::new(),
             Some(v) => {
-                let keys: Vec<Vec<u8>> = v.split(',').map(|k| k.trim().as_bytes().to_vec()).collect();
+                let keys: Vec<Vec<u8>> =
+                    v.split(',').map(|k| k.trim().as_bytes().to_vec()).collect();
                 if keys.iter().any(|k| k.len() < 16) {
                     return Err(ConfigError {
                         var: "NARAD_RECEIPT_KEY",
@@ -107,8 +113,12 @@ impl Config {
             auth,
             receipt_keys,
             broker: BrokerOptions {
-                max_message_bytes: num("NARAD_MAX_MESSAGE_BYTES", defaults.max_message_bytes as u64, 1, 64 << 20)?
-                    as usize,
+                max_message_bytes: num(
+                    "NARAD_MAX_MESSAGE_BYTES",
+                    defaults.max_message_bytes as u64,
+                    1,
+                    64 << 20,
+                )? as usize,
                 max_wait: Duration::from_millis(num(
                     "NARAD_MAX_WAIT_MS",
                     defaults.max_wait.as_millis() as u64,
@@ -127,6 +137,12 @@ impl Config {
     }
 }
 
+/// A random 24-character password (letters and digits) for `serve` without `NARAD_AUTH`.
+pub fn generate_password() -> String {
+    use rand::distributions::{Alphanumeric, DistString};
+    Alphanumeric.sample_string(&mut rand::thread_rng(), 24)
+}
+
 /// Parses `user:pass[,user:pass…]`.
 ///
 /// Errors: [`ConfigError`] for `NARAD_AUTH` when an entry has no `:` or an empty part.
@@ -134,9 +150,10 @@ pub fn parse_auth(v: &str) -> Result<Vec<Credential>, ConfigError> {
     let mut out = Vec::new();
     for entry in v.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         match entry.split_once(':') {
-            Some((u, p)) if !u.is_empty() && !p.is_empty() => {
-                out.push(Credential { user: u.to_owned(), password: p.to_owned() })
-            }
+            Some((u, p)) if !u.is_empty() && !p.is_empty() => out.push(Credential {
+                user: u.to_owned(),
+                password: p.to_owned(),
+            }),
             _ => {
                 return Err(ConfigError {
                     var: "NARAD_AUTH",
@@ -146,7 +163,10 @@ pub fn parse_auth(v: &str) -> Result<Vec<Credential>, ConfigError> {
         }
     }
     if out.is_empty() {
-        return Err(ConfigError { var: "NARAD_AUTH", message: "no credentials given".into() });
+        return Err(ConfigError {
+            var: "NARAD_AUTH",
+            message: "no credentials given".into(),
+        });
     }
     Ok(out)
 }
@@ -158,7 +178,10 @@ mod tests {
     use super::*;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| m.get(k).cloned())
     }
 
@@ -173,12 +196,30 @@ mod tests {
 
     #[test]
     fn errors_name_the_variable() {
-        assert_eq!(cfg(&[("NARAD_MAX_WAIT_MS", "x")]).unwrap_err().var, "NARAD_MAX_WAIT_MS");
-        assert_eq!(cfg(&[("NARAD_MAX_WAIT_MS", "60000")]).unwrap_err().var, "NARAD_MAX_WAIT_MS");
-        assert_eq!(cfg(&[("NARAD_AUTH", "nocolon")]).unwrap_err().var, "NARAD_AUTH");
-        assert_eq!(cfg(&[("NARAD_RECEIPT_KEY", "short")]).unwrap_err().var, "NARAD_RECEIPT_KEY");
+        assert_eq!(
+            cfg(&[("NARAD_MAX_WAIT_MS", "x")]).unwrap_err().var,
+            "NARAD_MAX_WAIT_MS"
+        );
+        assert_eq!(
+            cfg(&[("NARAD_MAX_WAIT_MS", "60000")]).unwrap_err().var,
+            "NARAD_MAX_WAIT_MS"
+        );
+        assert_eq!(
+            cfg(&[("NARAD_AUTH", "nocolon")]).unwrap_err().var,
+            "NARAD_AUTH"
+        );
+        assert_eq!(
+            cfg(&[("NARAD_RECEIPT_KEY", "short")]).unwrap_err().var,
+            "NARAD_RECEIPT_KEY"
+        );
         let c = cfg(&[("NARAD_AUTH", "a:b, c:d:e")]).unwrap();
         let auth = c.auth.unwrap();
-        assert_eq!(auth[1], Credential { user: "c".into(), password: "d:e".into() });
+        assert_eq!(
+            auth[1],
+            Credential {
+                user: "c".into(),
+                password: "d:e".into()
+            }
+        );
     }
 }

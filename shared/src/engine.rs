@@ -235,7 +235,9 @@ pub struct Broker {
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker").field("store", &self.store.describe()).finish()
+        f.debug_struct("Broker")
+            .field("store", &self.store.describe())
+            .finish()
     }
 }
 
@@ -305,9 +307,13 @@ impl Broker {
 
     async fn topic_with_etag(&self, name: &str) -> BrokerResult<(Topic, String)> {
         keys::validate_topic(name)?;
-        let obj = self.store.get(&keys::topic_settings(name)).await?.ok_or(BrokerError::TopicNotFound)?;
-        let rec: TopicRecord =
-            serde_json::from_slice(&obj.data).map_err(|e| BrokerError::Corrupt(format!("topic {name}: {e}")))?;
+        let obj = self
+            .store
+            .get(&keys::topic_settings(name))
+            .await?
+            .ok_or(BrokerError::TopicNotFound)?;
+        let rec: TopicRecord = serde_json::from_slice(&obj.data)
+            .map_err(|e| BrokerError::Corrupt(format!("topic {name}: {e}")))?;
         Ok((
             Topic {
                 name: name.to_owned(),
@@ -324,7 +330,11 @@ impl Broker {
     ///
     /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::InvalidSetting`],
     /// [`BrokerError::TopicConflict`] when it exists with other settings.
-    pub async fn create_topic(&self, name: &str, input: &SettingsInput) -> BrokerResult<(bool, Topic)> {
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        input: &SettingsInput,
+    ) -> BrokerResult<(bool, Topic)> {
         keys::validate_topic(name)?;
         let settings = input.to_new()?;
         for _ in 0..3 {
@@ -334,7 +344,11 @@ impl Broker {
                 created_at_ms: self.clock.now_ms(),
             };
             let body = serde_json::to_vec(&rec).map_err(|e| BrokerError::Corrupt(e.to_string()))?;
-            match self.store.put_if_absent(&keys::topic_settings(name), Bytes::from(body)).await {
+            match self
+                .store
+                .put_if_absent(&keys::topic_settings(name), Bytes::from(body))
+                .await
+            {
                 Ok(_) => {
                     let topic = Topic {
                         name: name.to_owned(),
@@ -386,7 +400,11 @@ impl Broker {
                 created_at_ms: topic.created_at_ms,
             };
             let body = serde_json::to_vec(&rec).map_err(|e| BrokerError::Corrupt(e.to_string()))?;
-            match self.store.put_if_match(&keys::topic_settings(name), Bytes::from(body), &etag).await {
+            match self
+                .store
+                .put_if_match(&keys::topic_settings(name), Bytes::from(body), &etag)
+                .await
+            {
                 Ok(_) => {
                     topic.settings = settings;
                     self.wake(name);
@@ -470,15 +488,21 @@ impl Broker {
             (Some(p), _) if p < n => p,
             (Some(p), _) => return Err(BrokerError::NoSuchPartition(p)),
             (None, Some(k)) => partition_for_key(k, n),
-            (None, None) => (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32,
+            (None, None) => {
+                (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
+            }
         };
         let now = self.clock.now_ms();
         let bytes = payload.len() as u64;
-        let segment = Arc::new(Segment { messages: vec![StoredMessage::new(now, key, payload.to_vec())] });
+        let segment = Arc::new(Segment {
+            messages: vec![StoredMessage::new(now, key, payload.to_vec())],
+        });
         let seg_id = self.ids.new_id();
         let seg_key = keys::segment(name, partition, &seg_id);
         // Written before the commit; if the commit never lands this object is an orphan.
-        self.store.put_if_absent(&seg_key, segment.encode()?).await?;
+        self.store
+            .put_if_absent(&seg_key, segment.encode()?)
+            .await?;
         let retention = topic.settings.retention_ms;
         let mkey = keys::manifest(name, partition);
         let ((offset, dropped), _) =
@@ -509,7 +533,12 @@ impl Broker {
     ///
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::NoSuchPartition`],
     /// [`BrokerError::Contention`], store failures.
-    pub async fn consume(&self, name: &str, partition: Option<u32>, wait: Duration) -> BrokerResult<Option<Delivery>> {
+    pub async fn consume(
+        &self,
+        name: &str,
+        partition: Option<u32>,
+        wait: Duration,
+    ) -> BrokerResult<Option<Delivery>> {
         let deadline = Instant::now() + wait.min(self.opts.max_wait);
         let waker = self.waker(name);
         loop {
@@ -522,7 +551,8 @@ impl Broker {
                 Some(p) if p < n => vec![p],
                 Some(p) => return Err(BrokerError::NoSuchPartition(p)),
                 None => {
-                    let start = (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32;
+                    let start =
+                        (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32;
                     (0..n).map(|i| (start + i) % n).collect()
                 }
             };
@@ -557,13 +587,20 @@ impl Broker {
                         });
                     };
                     let version = m.version;
-                    let lease = m.leases.entry(offset).or_insert(Lease { lease_id: 0, deadline_ms: 0, delivery_count: 0 });
+                    let lease = m.leases.entry(offset).or_insert(Lease {
+                        lease_id: 0,
+                        deadline_ms: 0,
+                        delivery_count: 0,
+                    });
                     lease.lease_id = version;
                     lease.deadline_ms = now + s.visibility_timeout_ms;
                     lease.delivery_count += 1;
                     let count = lease.delivery_count;
                     let seg = m.segment_for(offset).cloned();
-                    Ok(Decision::Commit((Some((offset, version, count, seg)), dropped)))
+                    Ok(Decision::Commit((
+                        Some((offset, version, count, seg)),
+                        dropped,
+                    )))
                 })
                 .await?;
             self.delete_segments(&topic.name, partition, &dropped).await;
@@ -573,7 +610,12 @@ impl Broker {
             let Some(msg) = self.message(&topic.name, partition, &seg, offset).await? else {
                 continue;
             };
-            let handle = self.receipts.sign(&Claims { topic: topic.name.clone(), partition, offset, lease_id });
+            let handle = self.receipts.sign(&Claims {
+                topic: topic.name.clone(),
+                partition,
+                offset,
+                lease_id,
+            });
             return Ok(Some(Delivery {
                 topic: topic.name.clone(),
                 partition,
@@ -593,7 +635,13 @@ impl Broker {
     ///
     /// Errors: [`BrokerError::OffsetExpired`] when retention deleted it,
     /// [`BrokerError::NoSuchPartition`], [`BrokerError::TopicNotFound`].
-    pub async fn replay(&self, name: &str, partition: u32, offset: u64, wait: Duration) -> BrokerResult<Option<Delivery>> {
+    pub async fn replay(
+        &self,
+        name: &str,
+        partition: u32,
+        offset: u64,
+        wait: Duration,
+    ) -> BrokerResult<Option<Delivery>> {
         let deadline = Instant::now() + wait.min(self.opts.max_wait);
         let waker = self.waker(name);
         loop {
@@ -609,7 +657,9 @@ impl Broker {
                 return Err(BrokerError::OffsetExpired(offset));
             }
             if offset < m.next_offset {
-                let seg = m.segment_for(offset).ok_or(BrokerError::OffsetExpired(offset))?;
+                let seg = m
+                    .segment_for(offset)
+                    .ok_or(BrokerError::OffsetExpired(offset))?;
                 let msg = self
                     .message(name, partition, seg, offset)
                     .await?
@@ -675,7 +725,11 @@ impl Broker {
                 }
                 Settle::Extend | Settle::Nack => {
                     if let Some(l) = m.leases.get_mut(&o) {
-                        l.deadline_ms = if action == Settle::Extend { now + s.visibility_timeout_ms } else { 0 };
+                        l.deadline_ms = if action == Settle::Extend {
+                            now + s.visibility_timeout_ms
+                        } else {
+                            0
+                        };
                     }
                 }
             }
@@ -692,13 +746,27 @@ impl Broker {
     // ----- segments -----------------------------------------------------------------
 
     fn cache_put(&self, key: String, seg: Arc<Segment>) {
-        self.segments.lock().unwrap_or_else(|p| p.into_inner()).put(key, seg);
+        self.segments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put(key, seg);
     }
 
     /// The message at `offset` of segment `seg`; `None` if the segment is gone.
-    async fn message(&self, topic: &str, partition: u32, seg: &SegmentRef, offset: u64) -> BrokerResult<Option<StoredMessage>> {
+    async fn message(
+        &self,
+        topic: &str,
+        partition: u32,
+        seg: &SegmentRef,
+        offset: u64,
+    ) -> BrokerResult<Option<StoredMessage>> {
         let key = keys::segment(topic, partition, &seg.id);
-        let cached = self.segments.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let cached = self
+            .segments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
         let segment = match cached {
             Some(s) => s,
             None => {
@@ -722,7 +790,10 @@ impl Broker {
     async fn delete_segments(&self, topic: &str, partition: u32, dropped: &[SegmentRef]) {
         for seg in dropped {
             let key = keys::segment(topic, partition, &seg.id);
-            self.segments.lock().unwrap_or_else(|p| p.into_inner()).pop(&key);
+            self.segments
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop(&key);
             if let Err(e) = self.store.delete(&key).await {
                 // Harmless: the manifest no longer names it; garbage collection retries.
                 tracing::warn!(%key, error = %e, "could not delete expired segment");
@@ -756,15 +827,22 @@ async fn shared_receipt_key(store: &dyn crate::store::Store) -> BrokerResult<Vec
     let b64 = base64::engine::general_purpose::STANDARD;
     for _ in 0..3 {
         if let Some(obj) = store.get(keys::RECEIPT_KEY).await? {
-            let rec: StoredReceiptKey =
-                serde_json::from_slice(&obj.data).map_err(|e| BrokerError::Corrupt(format!("receipt key: {e}")))?;
-            return b64.decode(rec.key_b64).map_err(|e| BrokerError::Corrupt(format!("receipt key: {e}")));
+            let rec: StoredReceiptKey = serde_json::from_slice(&obj.data)
+                .map_err(|e| BrokerError::Corrupt(format!("receipt key: {e}")))?;
+            return b64
+                .decode(rec.key_b64)
+                .map_err(|e| BrokerError::Corrupt(format!("receipt key: {e}")));
         }
         let mut key = vec![0u8; 32];
         rand::thread_rng().fill_bytes(&mut key);
-        let rec = StoredReceiptKey { key_b64: b64.encode(&key) };
+        let rec = StoredReceiptKey {
+            key_b64: b64.encode(&key),
+        };
         let body = serde_json::to_vec(&rec).map_err(|e| BrokerError::Corrupt(e.to_string()))?;
-        match store.put_if_absent(keys::RECEIPT_KEY, Bytes::from(body)).await {
+        match store
+            .put_if_absent(keys::RECEIPT_KEY, Bytes::from(body))
+            .await
+        {
             Ok(_) => return Ok(key),
             Err(StoreError::Conflict) => continue,
             Err(e) => return Err(e.into()),

@@ -29,8 +29,13 @@ pub fn validate_topic(name: &str) -> Result<(), InvalidTopic> {
     if name == "." || name == ".." {
         return Err(InvalidTopic("must not be '.' or '..'"));
     }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
-        return Err(InvalidTopic("may contain only letters, digits, '.', '_' and '-'"));
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(InvalidTopic(
+            "may contain only letters, digits, '.', '_' and '-'",
+        ));
     }
     Ok(())
 }
@@ -57,7 +62,9 @@ pub fn segment(topic: &str, partition: u32, id: &str) -> String {
 
 /// The topic name in a key `topics/{topic}/topic.json`, if that is what `key` is.
 pub fn topic_of_settings_key(key: &str) -> Option<&str> {
-    key.strip_prefix(TOPICS_PREFIX)?.strip_suffix("/topic.json").filter(|t| !t.contains('/'))
+    key.strip_prefix(TOPICS_PREFIX)?
+        .strip_suffix("/topic.json")
+        .filter(|t| !t.contains('/'))
 }
 
 #[cfg(test)]
@@ -70,7 +77,10 @@ mod tests {
         assert_eq!(manifest("orders", 3), "topics/orders/3/manifest.json");
         assert_eq!(segment("orders", 0, "abc"), "topics/orders/0/segments/abc");
         assert_eq!(topic_prefix("orders"), "topics/orders/");
-        assert_eq!(topic_of_settings_key("topics/orders/topic.json"), Some("orders"));
+        assert_eq!(
+            topic_of_settings_key("topics/orders/topic.json"),
+            Some("orders")
+        );
         assert_eq!(topic_of_settings_key("topics/orders/0/manifest.json"), None);
     }
 

@@ -105,7 +105,10 @@ impl Manifest {
 
     /// Leases still live at `now_ms`.
     pub fn in_flight(&self, now_ms: u64) -> usize {
-        self.leases.values().filter(|l| l.deadline_ms > now_ms).count()
+        self.leases
+            .values()
+            .filter(|l| l.deadline_ms > now_ms)
+            .count()
     }
 
     /// True when `offset` exists, is unsettled, and has no live lease at `now_ms`.
@@ -113,7 +116,10 @@ impl Manifest {
         offset >= self.frontier
             && offset < self.next_offset
             && !self.acked_ahead.contains(&offset)
-            && self.leases.get(&offset).is_none_or(|l| l.deadline_ms <= now_ms)
+            && self
+                .leases
+                .get(&offset)
+                .is_none_or(|l| l.deadline_ms <= now_ms)
     }
 
     /// The segment holding `offset`, if retained.
@@ -135,13 +141,19 @@ impl Manifest {
     /// objects the caller deletes after the write commits.
     pub fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Vec<SegmentRef> {
         let cutoff = now_ms.saturating_sub(retention_ms);
-        let keep_from = self.segments.iter().position(|s| s.last_produced_ms >= cutoff);
+        let keep_from = self
+            .segments
+            .iter()
+            .position(|s| s.last_produced_ms >= cutoff);
         let n = keep_from.unwrap_or(self.segments.len());
         if n == 0 {
             return Vec::new();
         }
         let dropped: Vec<SegmentRef> = self.segments.drain(..n).collect();
-        self.start_offset = self.segments.first().map_or(self.next_offset, |s| s.base_offset);
+        self.start_offset = self
+            .segments
+            .first()
+            .map_or(self.next_offset, |s| s.base_offset);
         let start = self.start_offset;
         self.leases.retain(|o, _| *o >= start);
         self.acked_ahead.retain(|o| *o >= start);
@@ -190,20 +202,33 @@ pub struct Snapshot {
 }
 
 /// Reads the manifest at `key` for topic incarnation `incarnation`.
-pub async fn read<E>(store: &dyn Store, key: &str, incarnation: &str) -> Result<Snapshot, UpdateError<E>> {
+pub async fn read<E>(
+    store: &dyn Store,
+    key: &str,
+    incarnation: &str,
+) -> Result<Snapshot, UpdateError<E>> {
     match store.get(key).await? {
-        None => Ok(Snapshot { manifest: Manifest::empty(incarnation), etag: None }),
+        None => Ok(Snapshot {
+            manifest: Manifest::empty(incarnation),
+            etag: None,
+        }),
         Some(obj) => {
-            let stored: Manifest =
-                serde_json::from_slice(&obj.data).map_err(|e| UpdateError::Corrupt(e.to_string()))?;
+            let stored: Manifest = serde_json::from_slice(&obj.data)
+                .map_err(|e| UpdateError::Corrupt(e.to_string()))?;
             let manifest = if stored.incarnation == incarnation {
                 stored
             } else {
                 // Left over from a deleted topic of the same name: start afresh, but keep
                 // the version climbing so no two states share bytes.
-                Manifest { version: stored.version, ..Manifest::empty(incarnation) }
+                Manifest {
+                    version: stored.version,
+                    ..Manifest::empty(incarnation)
+                }
             };
-            Ok(Snapshot { manifest, etag: Some(obj.etag) })
+            Ok(Snapshot {
+                manifest,
+                etag: Some(obj.etag),
+            })
         }
     }
 }
@@ -287,7 +312,13 @@ mod tests {
     use crate::store::memory::MemoryStore;
 
     fn seg(id: &str, base: u64, count: u32, t: u64) -> SegmentRef {
-        SegmentRef { id: id.into(), base_offset: base, count, last_produced_ms: t, bytes: 1 }
+        SegmentRef {
+            id: id.into(),
+            base_offset: base,
+            count,
+            last_produced_ms: t,
+            bytes: 1,
+        }
     }
 
     #[test]
@@ -305,9 +336,20 @@ mod tests {
     #[test]
     fn retention_moves_start_and_frontier() {
         let mut m = Manifest::empty("i");
-        m.segments = vec![seg("a", 0, 2, 100), seg("b", 2, 2, 200), seg("c", 4, 1, 300)];
+        m.segments = vec![
+            seg("a", 0, 2, 100),
+            seg("b", 2, 2, 200),
+            seg("c", 4, 1, 300),
+        ];
         m.next_offset = 5;
-        m.leases.insert(1, Lease { lease_id: 1, deadline_ms: 9999, delivery_count: 1 });
+        m.leases.insert(
+            1,
+            Lease {
+                lease_id: 1,
+                deadline_ms: 9999,
+                delivery_count: 1,
+            },
+        );
         m.acked_ahead.insert(3);
         let dropped = m.apply_retention(1150, 1000);
         assert_eq!(dropped.len(), 1);
@@ -360,7 +402,12 @@ mod tests {
         let snap = read::<()>(&store, "m", "new").await.unwrap();
         assert_eq!(snap.manifest.next_offset, 0);
         assert_eq!(snap.manifest.version, 1);
-        let (_, m) = update::<_, ()>(&store, &ids, "m", "new", |_| Ok(Decision::Commit(()))).await.unwrap();
-        assert_eq!((m.version, m.next_offset, m.incarnation.as_str()), (2, 0, "new"));
+        let (_, m) = update::<_, ()>(&store, &ids, "m", "new", |_| Ok(Decision::Commit(())))
+            .await
+            .unwrap();
+        assert_eq!(
+            (m.version, m.next_offset, m.incarnation.as_str()),
+            (2, 0, "new")
+        );
     }
 }

@@ -23,22 +23,36 @@ pub struct RenderedPayload {
 pub fn render(bytes: &[u8]) -> RenderedPayload {
     if let Ok(text) = std::str::from_utf8(bytes) {
         if let Ok(raw) = serde_json::from_str::<Box<RawValue>>(text) {
-            return RenderedPayload { json: raw, encoding: None };
+            return RenderedPayload {
+                json: raw,
+                encoding: None,
+            };
         }
         if let Some(json) = quoted(text) {
-            return RenderedPayload { json, encoding: None };
+            return RenderedPayload {
+                json,
+                encoding: None,
+            };
         }
     }
     let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
     match quoted(&b64) {
-        Some(json) => RenderedPayload { json, encoding: Some("base64") },
+        Some(json) => RenderedPayload {
+            json,
+            encoding: Some("base64"),
+        },
         // A base64 string always serialises; this arm is unreachable in practice.
-        None => RenderedPayload { json: RawValue::NULL.to_owned(), encoding: Some("base64") },
+        None => RenderedPayload {
+            json: RawValue::NULL.to_owned(),
+            encoding: Some("base64"),
+        },
     }
 }
 
 fn quoted(s: &str) -> Option<Box<RawValue>> {
-    serde_json::to_string(s).ok().and_then(|q| RawValue::from_string(q).ok())
+    serde_json::to_string(s)
+        .ok()
+        .and_then(|q| RawValue::from_string(q).ok())
 }
 
 #[cfg(test)]
@@ -47,7 +61,14 @@ mod tests {
 
     #[test]
     fn json_is_verbatim() {
-        for s in [r#"{"b":1.0,"a":[1, 2]}"#, "123456789012345678901234567890", "1.0", r#""hi""#, "[ ]", "null"] {
+        for s in [
+            r#"{"b":1.0,"a":[1, 2]}"#,
+            "123456789012345678901234567890",
+            "1.0",
+            r#""hi""#,
+            "[ ]",
+            "null",
+        ] {
             let r = render(s.as_bytes());
             assert_eq!(r.json.get(), s);
             assert!(r.encoding.is_none());

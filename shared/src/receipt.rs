@@ -72,7 +72,10 @@ impl std::fmt::Debug for Receipts {
 
 /// The id of a key: 8 hex digits of a hash, safe to show.
 pub fn key_id(key: &[u8]) -> String {
-    let d = Sha256::new().chain_update(b"narad-key-id").chain_update(key).finalize();
+    let d = Sha256::new()
+        .chain_update(b"narad-key-id")
+        .chain_update(key)
+        .finalize();
     d[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -82,7 +85,9 @@ impl Receipts {
         if keys.is_empty() {
             return None;
         }
-        Some(Self { keys: keys.into_iter().map(|k| (key_id(&k), k)).collect() })
+        Some(Self {
+            keys: keys.into_iter().map(|k| (key_id(&k), k)).collect(),
+        })
     }
 
     fn mac(key: &[u8], claims_b64: &str) -> HmacSha256 {
@@ -96,7 +101,10 @@ impl Receipts {
     /// Signs `claims` with the current key.
     pub fn sign(&self, claims: &Claims) -> String {
         let (kid, key) = &self.keys[0];
-        let signed = Signed { k: kid.clone(), claims: claims.clone() };
+        let signed = Signed {
+            k: kid.clone(),
+            claims: claims.clone(),
+        };
         let json = serde_json::to_vec(&signed).unwrap_or_default();
         let body = B64.encode(json);
         let tag = Self::mac(key, &body).finalize().into_bytes();
@@ -112,15 +120,22 @@ impl Receipts {
             return Err(ReceiptError::Malformed);
         }
         let mut parts = handle.split('.');
-        let (Some("v1"), Some(body), Some(tag), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some("v1"), Some(body), Some(tag), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(ReceiptError::Malformed);
         };
         let json = B64.decode(body).map_err(|_| ReceiptError::Malformed)?;
         let tag = B64.decode(tag).map_err(|_| ReceiptError::Malformed)?;
         let signed: Signed = serde_json::from_slice(&json).map_err(|_| ReceiptError::Malformed)?;
-        let (_, key) = self.keys.iter().find(|(id, _)| *id == signed.k).ok_or(ReceiptError::Invalid)?;
-        Self::mac(key, body).verify_slice(&tag).map_err(|_| ReceiptError::Invalid)?;
+        let (_, key) = self
+            .keys
+            .iter()
+            .find(|(id, _)| *id == signed.k)
+            .ok_or(ReceiptError::Invalid)?;
+        Self::mac(key, body)
+            .verify_slice(&tag)
+            .map_err(|_| ReceiptError::Invalid)?;
         if signed.claims.topic != topic {
             return Err(ReceiptError::Invalid);
         }
@@ -133,7 +148,12 @@ mod tests {
     use super::*;
 
     fn claims() -> Claims {
-        Claims { topic: "orders".into(), partition: 2, offset: 42, lease_id: 7 }
+        Claims {
+            topic: "orders".into(),
+            partition: 2,
+            offset: 42,
+            lease_id: 7,
+        }
     }
 
     #[test]
@@ -155,12 +175,30 @@ mod tests {
         let mut forged = claims();
         forged.offset = 43;
         let body = B64.encode(
-            serde_json::to_vec(&Signed { k: key_id(b"k"), claims: forged }).unwrap(),
+            serde_json::to_vec(&Signed {
+                k: key_id(b"k"),
+                claims: forged,
+            })
+            .unwrap(),
         );
         let tag = h.rsplit('.').next().unwrap();
-        assert_eq!(r.verify(&format!("v1.{body}.{tag}"), "orders"), Err(ReceiptError::Invalid));
-        for bad in ["", "v1", "v1.a.b.c", "v2.x.y", "v1.!!!.abc", &"a".repeat(5000)] {
-            assert_eq!(r.verify(bad, "orders"), Err(ReceiptError::Malformed), "{bad}");
+        assert_eq!(
+            r.verify(&format!("v1.{body}.{tag}"), "orders"),
+            Err(ReceiptError::Invalid)
+        );
+        for bad in [
+            "",
+            "v1",
+            "v1.a.b.c",
+            "v2.x.y",
+            "v1.!!!.abc",
+            &"a".repeat(5000),
+        ] {
+            assert_eq!(
+                r.verify(bad, "orders"),
+                Err(ReceiptError::Malformed),
+                "{bad}"
+            );
         }
     }
 }

@@ -29,7 +29,12 @@ impl StoredMessage {
     /// A message with its checksum filled in.
     pub fn new(produced_at_ms: u64, key: Option<String>, payload: Vec<u8>) -> Self {
         let crc32 = crc32fast::hash(&payload);
-        Self { produced_at_ms, key, payload, crc32 }
+        Self {
+            produced_at_ms,
+            key,
+            payload,
+            crc32,
+        }
     }
 }
 

@@ -89,7 +89,9 @@ impl SettingsInput {
     pub fn apply_to(&self, current: &TopicSettings) -> Result<TopicSettings, InvalidSetting> {
         if let Some(p) = self.partitions {
             if p != current.partitions {
-                return Err(InvalidSetting("partitions cannot be changed after creation".into()));
+                return Err(InvalidSetting(
+                    "partitions cannot be changed after creation".into(),
+                ));
             }
         }
         let mut s = current.clone();
@@ -116,7 +118,9 @@ impl SettingsInput {
 
 fn check(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), InvalidSetting> {
     if v < lo || v > hi {
-        return Err(InvalidSetting(format!("{name} must be between {lo} and {hi}, got {v}")));
+        return Err(InvalidSetting(format!(
+            "{name} must be between {lo} and {hi}, got {v}"
+        )));
     }
     Ok(())
 }
@@ -124,9 +128,24 @@ fn check(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), InvalidSetting> {
 /// Checks every setting against its range.
 pub fn validate(s: &TopicSettings) -> Result<(), InvalidSetting> {
     check("partitions", s.partitions.into(), 1, MAX_PARTITIONS.into())?;
-    check("visibility_timeout_ms", s.visibility_timeout_ms, 100, 12 * 3600 * 1000)?;
-    check("max_in_flight_per_partition", s.max_in_flight_per_partition.into(), 1, 10_000)?;
-    check("max_acked_ahead_per_partition", s.max_acked_ahead_per_partition.into(), 1, 10_000)?;
+    check(
+        "visibility_timeout_ms",
+        s.visibility_timeout_ms,
+        100,
+        12 * 3600 * 1000,
+    )?;
+    check(
+        "max_in_flight_per_partition",
+        s.max_in_flight_per_partition.into(),
+        1,
+        10_000,
+    )?;
+    check(
+        "max_acked_ahead_per_partition",
+        s.max_acked_ahead_per_partition.into(),
+        1,
+        10_000,
+    )?;
     check("retention_ms", s.retention_ms, 1000, 365 * 24 * 3600 * 1000)?;
     Ok(())
 }
@@ -150,10 +169,22 @@ mod tests {
     fn refuses_unknown_and_out_of_range() {
         assert!(SettingsInput::parse(br#"{"partitionz":4}"#).is_err());
         assert!(SettingsInput::parse(br#"{"partitions":-1}"#).is_err());
-        assert!(SettingsInput::parse(br#"{"visibility_timeout_ms":99}"#).unwrap().to_new().is_err());
-        assert!(SettingsInput::parse(br#"{"partitions":0}"#).unwrap().to_new().is_err());
+        assert!(SettingsInput::parse(br#"{"visibility_timeout_ms":99}"#)
+            .unwrap()
+            .to_new()
+            .is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":0}"#)
+            .unwrap()
+            .to_new()
+            .is_err());
         let cur = TopicSettings::default();
-        assert!(SettingsInput::parse(br#"{"partitions":2}"#).unwrap().apply_to(&cur).is_err());
-        assert!(SettingsInput::parse(br#"{"partitions":1}"#).unwrap().apply_to(&cur).is_ok());
+        assert!(SettingsInput::parse(br#"{"partitions":2}"#)
+            .unwrap()
+            .apply_to(&cur)
+            .is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":1}"#)
+            .unwrap()
+            .apply_to(&cur)
+            .is_ok());
     }
 }

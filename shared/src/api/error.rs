@@ -30,7 +30,12 @@ pub struct ApiError {
 impl ApiError {
     /// An error with no `Retry-After`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     /// 400 `invalid_request`.
@@ -39,11 +44,18 @@ impl ApiError {
     }
 
     fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
-        Self { retry_after: Some(1), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message) }
+        Self {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+        }
     }
 
     fn internal() -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "internal error; see the server log")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "internal error; see the server log",
+        )
     }
 }
 
@@ -58,18 +70,25 @@ impl From<BrokerError> for ApiError {
             BrokerError::InvalidSetting(_) => Self::new(S::BAD_REQUEST, "invalid_setting", msg),
             BrokerError::BadRequest(_) => Self::new(S::BAD_REQUEST, "invalid_request", msg),
             BrokerError::NoSuchPartition(_) => Self::new(S::BAD_REQUEST, "invalid_partition", msg),
-            BrokerError::PayloadTooLarge(_) => Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", msg),
+            BrokerError::PayloadTooLarge(_) => {
+                Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", msg)
+            }
             BrokerError::Receipt(ReceiptError::Malformed) => {
                 Self::new(S::BAD_REQUEST, "invalid_receipt_handle", msg)
             }
-            BrokerError::Receipt(ReceiptError::Invalid) => Self::new(S::GONE, "receipt_handle_invalid", msg),
+            BrokerError::Receipt(ReceiptError::Invalid) => {
+                Self::new(S::GONE, "receipt_handle_invalid", msg)
+            }
             BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),
             BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
             BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),
             BrokerError::Contention => Self::unavailable("busy", msg),
             BrokerError::Store(StoreError::Unavailable(detail)) => {
                 tracing::warn!(%detail, "storage unavailable");
-                Self::unavailable("storage_unavailable", "storage is temporarily unavailable; retry later")
+                Self::unavailable(
+                    "storage_unavailable",
+                    "storage is temporarily unavailable; retry later",
+                )
             }
             BrokerError::Store(err) => {
                 tracing::error!(error = %err, "storage error");
@@ -88,11 +107,14 @@ impl IntoResponse for ApiError {
         let body = json!({"error": {"code": self.code, "message": self.message}});
         let mut resp = (self.status, Json(body)).into_response();
         if let Some(s) = self.retry_after {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         if self.status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"narad\""));
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"narad\""),
+            );
         }
         resp
     }

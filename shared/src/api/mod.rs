@@ -51,10 +51,19 @@ pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
         .iter()
         .map(|c| Sha256::digest(format!("{}:{}", c.user, c.password).as_bytes()).into())
         .collect();
-    let state = AppState { broker, credentials: Arc::new(credentials) };
+    let state = AppState {
+        broker,
+        credentials: Arc::new(credentials),
+    };
     let v1 = Router::new()
         .route("/v1/topics", get(list_topics))
-        .route("/v1/topics/{topic}", put(create_topic).get(get_topic).patch(patch_topic).delete(delete_topic))
+        .route(
+            "/v1/topics/{topic}",
+            put(create_topic)
+                .get(get_topic)
+                .patch(patch_topic)
+                .delete(delete_topic),
+        )
         .route("/v1/topics/{topic}/produce", post(produce))
         .route("/v1/topics/{topic}/consume", get(consume))
         .route("/v1/topics/{topic}/ack", post(ack))
@@ -76,7 +85,11 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
 }
 
 async fn require_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -84,25 +97,42 @@ async fn require_auth(State(state): State<AppState>, req: Request, next: Next) -
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
-        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+        .and_then(|v| {
+            v.strip_prefix("Basic ")
+                .or_else(|| v.strip_prefix("basic "))
+        })
+        .and_then(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()
+        })
         .map(|raw| {
             let h: [u8; 32] = Sha256::digest(&raw).into();
-            state.credentials.iter().any(|c| *c == h)
+            state.credentials.contains(&h)
         })
         .unwrap_or(false);
     if ok {
         next.run(req).await
     } else {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid credentials").into_response()
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or invalid credentials",
+        )
+        .into_response()
     }
 }
 
 // ----- request parsing ------------------------------------------------------------
 
 fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    path.map(|Path(t)| t)
-        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_topic_name", "invalid topic name in path"))
+    path.map(|Path(t)| t).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_topic_name",
+            "invalid topic name in path",
+        )
+    })
 }
 
 /// Parses the query string, refusing parameters not in `allowed` and repeated ones.
@@ -118,7 +148,9 @@ fn query(raw: Option<String>, allowed: &[&str]) -> Result<HashMap<String, String
             )));
         }
         if out.insert(k.clone(), v).is_some() {
-            return Err(ApiError::bad_request(format!("query parameter {k:?} given twice")));
+            return Err(ApiError::bad_request(format!(
+                "query parameter {k:?} given twice"
+            )));
         }
     }
     Ok(out)
@@ -126,13 +158,21 @@ fn query(raw: Option<String>, allowed: &[&str]) -> Result<HashMap<String, String
 
 fn parse_u32(q: &HashMap<String, String>, name: &str) -> Result<Option<u32>, ApiError> {
     q.get(name)
-        .map(|v| v.parse().map_err(|_| ApiError::bad_request(format!("{name} must be a non-negative integer"))))
+        .map(|v| {
+            v.parse().map_err(|_| {
+                ApiError::bad_request(format!("{name} must be a non-negative integer"))
+            })
+        })
         .transpose()
 }
 
 fn parse_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
     q.get(name)
-        .map(|v| v.parse().map_err(|_| ApiError::bad_request(format!("{name} must be a non-negative integer"))))
+        .map(|v| {
+            v.parse().map_err(|_| {
+                ApiError::bad_request(format!("{name} must be a non-negative integer"))
+            })
+        })
         .transpose()
 }
 
@@ -142,14 +182,20 @@ pub fn parse_wait(v: &str) -> Result<Duration, ApiError> {
     if let Ok(secs) = v.parse::<u64>() {
         return Ok(Duration::from_secs(secs.min(3600)));
     }
-    humantime::parse_duration(v)
-        .map_err(|_| ApiError::bad_request(format!("wait must look like 0, 500ms or 10s, got {v:?}")))
+    humantime::parse_duration(v).map_err(|_| {
+        ApiError::bad_request(format!("wait must look like 0, 500ms or 10s, got {v:?}"))
+    })
 }
 
 /// Reads a body of at most `limit` bytes; 413 beyond it, before buffering it all.
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large =
-        || ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body exceeds {limit} bytes"));
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("body exceeds {limit} bytes"),
+        )
+    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -177,7 +223,12 @@ struct TopicView {
 
 impl TopicView {
     fn new(t: Topic, partitions: Option<Vec<PartitionStats>>) -> Self {
-        Self { name: t.name, settings: t.settings, created_at: rfc3339_ms(t.created_at_ms), partitions }
+        Self {
+            name: t.name,
+            settings: t.settings,
+            created_at: rfc3339_ms(t.created_at_ms),
+            partitions,
+        }
     }
 }
 
@@ -223,7 +274,13 @@ pub fn rfc3339_ms(ms: u64) -> String {
 
 /// `GET /v1/topics`: every topic with its settings.
 async fn list_topics(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let topics: Vec<TopicView> = s.broker.list_topics().await?.into_iter().map(|t| TopicView::new(t, None)).collect();
+    let topics: Vec<TopicView> = s
+        .broker
+        .list_topics()
+        .await?
+        .into_iter()
+        .map(|t| TopicView::new(t, None))
+        .collect();
     Ok(Json(serde_json::json!({ "topics": topics })).into_response())
 }
 
@@ -239,12 +296,19 @@ async fn create_topic(
     let body = read_body(&headers, body, MAX_SETTINGS_BODY).await?;
     let input = SettingsInput::parse(&body).map_err(crate::engine::BrokerError::from)?;
     let (created, topic) = s.broker.create_topic(&name, &input).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(TopicView::new(topic, None))).into_response())
 }
 
 /// `GET /v1/topics/{topic}`: settings and per-partition stats.
-async fn get_topic(State(s): State<AppState>, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+async fn get_topic(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
     let topic = s.broker.topic(&name).await?;
     let stats = s.broker.partition_stats(&topic).await?;
@@ -289,11 +353,17 @@ async fn produce(
     let partition = parse_u32(&q, "partition")?;
     let key = q.get("key").cloned();
     if key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
-        return Err(ApiError::bad_request(format!("key exceeds {MAX_KEY_BYTES} bytes")));
+        return Err(ApiError::bad_request(format!(
+            "key exceeds {MAX_KEY_BYTES} bytes"
+        )));
     }
     let payload = read_body(&headers, body, s.broker.options().max_message_bytes).await?;
     if payload.is_empty() {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "empty_payload", "the request body (the message) is empty"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "empty_payload",
+            "the request body (the message) is empty",
+        ));
     }
     let produced = s.broker.produce(&name, partition, key, payload).await?;
     Ok((StatusCode::CREATED, Json(produced)).into_response())
@@ -308,13 +378,21 @@ async fn consume(
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
     let q = query(raw, &["wait", "partition", "offset"])?;
-    let wait = q.get("wait").map(|w| parse_wait(w)).transpose()?.unwrap_or(Duration::ZERO);
+    let wait = q
+        .get("wait")
+        .map(|w| parse_wait(w))
+        .transpose()?
+        .unwrap_or(Duration::ZERO);
     let partition = parse_u32(&q, "partition")?;
     let offset = parse_u64(&q, "offset")?;
     let delivery = match (partition, offset) {
         (p, None) => s.broker.consume(&name, p, wait).await?,
         (Some(p), Some(o)) => s.broker.replay(&name, p, o, wait).await?,
-        (None, Some(_)) => return Err(ApiError::bad_request("offset needs partition (replay is by partition and offset)")),
+        (None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "offset needs partition (replay is by partition and offset)",
+            ))
+        }
     };
     Ok(match delivery {
         Some(d) => Json(MessageView::from(d)).into_response(),

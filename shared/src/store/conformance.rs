@@ -41,8 +41,15 @@ async fn get_missing_is_none(s: &dyn Store, p: &str) {
 
 async fn put_if_absent_creates_once(s: &dyn Store, p: &str) {
     let key = format!("{p}/absent/a.json");
-    let etag = s.put_if_absent(&key, Bytes::from_static(b"one")).await.unwrap();
-    let got = s.get(&key).await.unwrap().expect("created object must be readable");
+    let etag = s
+        .put_if_absent(&key, Bytes::from_static(b"one"))
+        .await
+        .unwrap();
+    let got = s
+        .get(&key)
+        .await
+        .unwrap()
+        .expect("created object must be readable");
     assert_eq!(&got.data[..], b"one");
     assert_eq!(got.etag, etag, "get must return the ETag put returned");
     let again = s.put_if_absent(&key, Bytes::from_static(b"two")).await;
@@ -51,13 +58,23 @@ async fn put_if_absent_creates_once(s: &dyn Store, p: &str) {
         "second put_if_absent must be Conflict, got {again:?}"
     );
     let got = s.get(&key).await.unwrap().unwrap();
-    assert_eq!(&got.data[..], b"one", "a failed put_if_absent must not change the object");
+    assert_eq!(
+        &got.data[..],
+        b"one",
+        "a failed put_if_absent must not change the object"
+    );
 }
 
 async fn put_if_match_is_compare_and_swap(s: &dyn Store, p: &str) {
     let key = format!("{p}/cas/m.json");
-    let e1 = s.put_if_absent(&key, Bytes::from_static(b"v1")).await.unwrap();
-    let e2 = s.put_if_match(&key, Bytes::from_static(b"v2"), &e1).await.unwrap();
+    let e1 = s
+        .put_if_absent(&key, Bytes::from_static(b"v1"))
+        .await
+        .unwrap();
+    let e2 = s
+        .put_if_match(&key, Bytes::from_static(b"v2"), &e1)
+        .await
+        .unwrap();
     assert_ne!(e1, e2, "different content must get a different ETag");
     let stale = s.put_if_match(&key, Bytes::from_static(b"v3"), &e1).await;
     assert!(
@@ -67,7 +84,9 @@ async fn put_if_match_is_compare_and_swap(s: &dyn Store, p: &str) {
     let got = s.get(&key).await.unwrap().unwrap();
     assert_eq!(&got.data[..], b"v2");
     assert_eq!(got.etag, e2);
-    let bogus = s.put_if_match(&key, Bytes::from_static(b"v4"), "\"nonsense\"").await;
+    let bogus = s
+        .put_if_match(&key, Bytes::from_static(b"v4"), "\"nonsense\"")
+        .await;
     assert!(
         matches!(bogus, Err(StoreError::Conflict)),
         "put_if_match with an unknown ETag must be Conflict, got {bogus:?}"
@@ -81,14 +100,22 @@ async fn put_if_match_on_missing_is_not_found(s: &dyn Store, p: &str) {
         matches!(r, Err(StoreError::NotFound)),
         "put_if_match on a missing key must be NotFound, got {r:?}"
     );
-    assert!(s.get(&key).await.unwrap().is_none(), "it must not create the key");
+    assert!(
+        s.get(&key).await.unwrap().is_none(),
+        "it must not create the key"
+    );
 }
 
 async fn delete_is_idempotent(s: &dyn Store, p: &str) {
     let key = format!("{p}/del/x");
-    s.put_if_absent(&key, Bytes::from_static(b"x")).await.unwrap();
+    s.put_if_absent(&key, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
     s.delete(&key).await.unwrap();
-    assert!(s.get(&key).await.unwrap().is_none(), "deleted key must be gone");
+    assert!(
+        s.get(&key).await.unwrap().is_none(),
+        "deleted key must be gone"
+    );
     s.delete(&key).await.unwrap();
     s.put_if_absent(&key, Bytes::from_static(b"y"))
         .await
@@ -108,21 +135,33 @@ async fn list_by_prefix(s: &dyn Store, p: &str) {
         .iter()
         .map(|k| format!("{p}/list/{k}"))
         .collect();
-    assert_eq!(got, want, "list must return every key under the prefix, sorted");
+    assert_eq!(
+        got, want,
+        "list must return every key under the prefix, sorted"
+    );
     assert!(s.list(&format!("{p}/nothing/")).await.unwrap().is_empty());
 }
 
 async fn binary_content_round_trips(s: &dyn Store, p: &str) {
     let key = format!("{p}/bin/blob");
     let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
-    s.put_if_absent(&key, Bytes::from(data.clone())).await.unwrap();
+    s.put_if_absent(&key, Bytes::from(data.clone()))
+        .await
+        .unwrap();
     let got = s.get(&key).await.unwrap().unwrap();
-    assert_eq!(&got.data[..], &data[..], "binary content must round-trip exactly");
+    assert_eq!(
+        &got.data[..],
+        &data[..],
+        "binary content must round-trip exactly"
+    );
 }
 
 async fn cas_race(store: DynStore, p: &str) {
     let key = Arc::new(format!("{p}/race/counter"));
-    store.put_if_absent(&key, Bytes::from_static(b"0")).await.unwrap();
+    store
+        .put_if_absent(&key, Bytes::from_static(b"0"))
+        .await
+        .unwrap();
     let mut tasks = Vec::new();
     for _ in 0..WRITERS {
         let store = store.clone();
@@ -150,7 +189,10 @@ async fn cas_race(store: DynStore, p: &str) {
     let fin = store.get(&key).await.unwrap().unwrap();
     let n: usize = std::str::from_utf8(&fin.data).unwrap().parse().unwrap();
     assert_eq!(landed, WRITERS * INCREMENTS);
-    assert_eq!(n, landed, "the counter must equal the number of successful CAS writes");
+    assert_eq!(
+        n, landed,
+        "the counter must equal the number of successful CAS writes"
+    );
 }
 
 async fn create_race(store: DynStore, p: &str) {
@@ -160,7 +202,9 @@ async fn create_race(store: DynStore, p: &str) {
         let store = store.clone();
         let key = key.clone();
         tasks.push(tokio::spawn(async move {
-            store.put_if_absent(&key, Bytes::from(format!("writer-{i}"))).await
+            store
+                .put_if_absent(&key, Bytes::from(format!("writer-{i}")))
+                .await
         }));
     }
     let mut winners = Vec::new();
@@ -171,7 +215,11 @@ async fn create_race(store: DynStore, p: &str) {
             Err(e) => panic!("unexpected error in create race: {e}"),
         }
     }
-    assert_eq!(winners.len(), 1, "exactly one put_if_absent must win, got {winners:?}");
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one put_if_absent must win, got {winners:?}"
+    );
     let got = store.get(&key).await.unwrap().unwrap();
     assert_eq!(got.data, Bytes::from(format!("writer-{}", winners[0])));
 }

@@ -47,23 +47,32 @@ impl FileStore {
             Ok(())
         })
         .await
-        .map_err(|e| StoreError::Other(format!("cannot open file store at {}: {e}", root.display())))?;
-        Ok(Self { root: Arc::new(root) })
+        .map_err(|e| {
+            StoreError::Other(format!("cannot open file store at {}: {e}", root.display()))
+        })?;
+        Ok(Self {
+            root: Arc::new(root),
+        })
     }
 
     fn path_of(&self, key: &str) -> StoreResult<PathBuf> {
         let valid = !key.is_empty()
             && !key.starts_with('/')
-            && key
-                .split('/')
-                .all(|c| !c.is_empty() && c != "." && c != ".." && !c.starts_with(".tmp") && c != LOCK_FILE);
+            && key.split('/').all(|c| {
+                !c.is_empty() && c != "." && c != ".." && !c.starts_with(".tmp") && c != LOCK_FILE
+            });
         if !valid {
             return Err(StoreError::Other(format!("invalid key {key:?}")));
         }
         Ok(self.root.join(key))
     }
 
-    async fn conditional_put(&self, key: &str, data: Bytes, cond: Condition) -> StoreResult<String> {
+    async fn conditional_put(
+        &self,
+        key: &str,
+        data: Bytes,
+        cond: Condition,
+    ) -> StoreResult<String> {
         let path = self.path_of(key)?;
         let root = self.root.clone();
         blocking(move || {
@@ -157,14 +166,19 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> io::Result<()> {
         if entry.file_type()?.is_dir() {
             walk(root, &path, out)?;
         } else if let Ok(rel) = path.strip_prefix(root) {
-            let key: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+            let key: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
             out.push(key.join("/"));
         }
     }
     Ok(())
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| io::Error::other(format!("file store task failed: {e}")))?
@@ -181,7 +195,10 @@ impl Store for FileStore {
         let data = blocking(move || read_opt(&path)).await.map_err(io_err)?;
         Ok(data.map(|d| {
             let etag = content_etag(&d);
-            Object { data: Bytes::from(d), etag }
+            Object {
+                data: Bytes::from(d),
+                etag,
+            }
         }))
     }
 
@@ -190,7 +207,8 @@ impl Store for FileStore {
     }
 
     async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
-        self.conditional_put(key, data, Condition::Match(etag.to_owned())).await
+        self.conditional_put(key, data, Condition::Match(etag.to_owned()))
+            .await
     }
 
     async fn delete(&self, key: &str) -> StoreResult<()> {
@@ -225,7 +243,11 @@ impl Store for FileStore {
                 Some(i) => &prefix[..i],
                 None => "",
             };
-            let start = if dir_part.is_empty() { root.to_path_buf() } else { root.join(dir_part) };
+            let start = if dir_part.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(dir_part)
+            };
             let mut out = Vec::new();
             walk(&root, &start, &mut out)?;
             out.retain(|k| k.starts_with(&prefix));
@@ -259,9 +281,16 @@ mod tests {
         let a = super::FileStore::open(dir.path()).await.unwrap();
         let b = super::FileStore::open(dir.path()).await.unwrap();
         use crate::store::{Store, StoreError};
-        let e = a.put_if_absent("k", bytes::Bytes::from_static(b"1")).await.unwrap();
-        b.put_if_match("k", bytes::Bytes::from_static(b"2"), &e).await.unwrap();
-        let r = a.put_if_match("k", bytes::Bytes::from_static(b"3"), &e).await;
+        let e = a
+            .put_if_absent("k", bytes::Bytes::from_static(b"1"))
+            .await
+            .unwrap();
+        b.put_if_match("k", bytes::Bytes::from_static(b"2"), &e)
+            .await
+            .unwrap();
+        let r = a
+            .put_if_match("k", bytes::Bytes::from_static(b"3"), &e)
+            .await;
         assert!(matches!(r, Err(StoreError::Conflict)));
     }
 

@@ -36,7 +36,13 @@ impl Store for MemoryStore {
             return Err(StoreError::Conflict);
         }
         let etag = content_etag(&data);
-        map.insert(key.to_owned(), Object { data, etag: etag.clone() });
+        map.insert(
+            key.to_owned(),
+            Object {
+                data,
+                etag: etag.clone(),
+            },
+        );
         Ok(etag)
     }
 
@@ -47,7 +53,10 @@ impl Store for MemoryStore {
             Some(cur) if cur.etag != etag => Err(StoreError::Conflict),
             Some(cur) => {
                 let new = content_etag(&data);
-                *cur = Object { data, etag: new.clone() };
+                *cur = Object {
+                    data,
+                    etag: new.clone(),
+                };
                 Ok(new)
             }
         }

@@ -29,11 +29,11 @@
 //! * `put_if_match` is `PutObject` with `If-Match: <etag>`.
 //! * `delete` is `DeleteObject` (deleting a missing key succeeds, as on S3).
 //! * `list` is `ListObjectsV2`, all pages, keys relative to the store prefix, sorted.
-//! * ETags are used verbatim as S3 returns them, quotes included ([`etag_of`] is the one
+//! * ETags are used verbatim as S3 returns them, quotes included (`etag_of` is the one
 //!   place that reads them), so the ETag from a put equals the ETag a later get returns for
 //!   the same version, and the caller passes that string back to `If-Match` unchanged.
 //!
-//! # Error mapping ([`map_err`], the only place that classifies errors)
+//! # Error mapping (`map_err`, the only place that classifies errors)
 //!
 //! | what S3 answered                                          | [`StoreError`]   |
 //! |-----------------------------------------------------------|------------------|
@@ -41,7 +41,8 @@
 //! | 409 (`ConditionalRequestConflict`, `OperationAborted`)    | `Conflict`       |
 //! | 404 `NoSuchKey` / `NotFound` (`put_if_match` on a missing key; `get` turns it into `None`, `delete` into `Ok`) | `NotFound` |
 //! | 404 `NoSuchBucket`                                        | `Other`          |
-//! | 5xx (500 `InternalError`, 503 `SlowDown`, ...), 429, throttling codes, 400 `RequestTimeout` | `Unavailable` |
+//! | 501 `NotImplemented` (permanent: the server lacks a feature, e.g. conditional writes) | `Other` |
+//! | other 5xx (500 `InternalError`, 503 `SlowDown`, ...), 429, throttling codes, 400 `RequestTimeout` | `Unavailable` |
 //! | timeout, dispatch/connection failure, unreadable or lost response, body read error | `Unavailable` |
 //! | request that could not be built, invalid endpoint, anything else (403, 400, ...) | `Other` |
 //!
@@ -131,8 +132,8 @@ impl S3Store {
         };
         if let Err(e) = creds.provide_credentials().await {
             return Err(StoreError::Other(format!(
-                "S3 store: could not load AWS credentials: {}",
-                DisplayErrorContext(&e)
+                "S3 store: could not load AWS credentials ({e}): set AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             )));
         }
 
@@ -222,9 +223,11 @@ impl S3Store {
             .map_err(|e| format!("creating {full:?} with If-None-Match: * failed: {e}"))?;
         match self.put_if_absent(key, data.clone()).await {
             Err(StoreError::Conflict) => {}
-            Ok(_) => return Err(format!(
+            Ok(_) => {
+                return Err(format!(
                 "a second If-None-Match: * PUT of {full:?} succeeded instead of failing with 412"
-            )),
+            ))
+            }
             Err(e) => {
                 return Err(format!(
                     "a second If-None-Match: * PUT of {full:?} failed with {e} instead of 412"
@@ -476,6 +479,10 @@ where
                 (412, _) | (_, Some("PreconditionFailed")) => StoreError::Conflict,
                 (409, _) | (_, Some("ConditionalRequestConflict")) => StoreError::Conflict,
                 (404, _) | (_, Some("NoSuchKey")) => StoreError::NotFound,
+                // Permanent: the server does not implement what was asked (e.g. a condition).
+                (501, _) | (_, Some("NotImplemented")) => {
+                    StoreError::Other(format!("{} (HTTP {status})", detail()))
+                }
                 (500..=599, _) | (429, _) => StoreError::Unavailable(detail()),
                 (
                     _,
@@ -546,6 +553,52 @@ mod tests {
             "https://host:9000/p"
         );
         assert_eq!(strip_userinfo("host/a@b"), "host/a@b");
+    }
+
+    fn service_err(
+        status: u16,
+        code: &str,
+    ) -> SdkError<aws_sdk_s3::operation::put_object::PutObjectError, HttpResponse> {
+        use aws_sdk_s3::error::ErrorMetadata;
+        use aws_sdk_s3::operation::put_object::PutObjectError;
+        use aws_sdk_s3::primitives::SdkBody;
+        let mut meta = ErrorMetadata::builder();
+        if !code.is_empty() {
+            meta = meta.code(code);
+        }
+        let raw = HttpResponse::new(status.try_into().unwrap(), SdkBody::empty());
+        SdkError::service_error(PutObjectError::generic(meta.build()), raw)
+    }
+
+    #[test]
+    fn maps_errors() {
+        let m = |status, code| map_err("PutObject", "k", service_err(status, code));
+        assert!(matches!(m(412, "PreconditionFailed"), StoreError::Conflict));
+        assert!(matches!(
+            m(409, "ConditionalRequestConflict"),
+            StoreError::Conflict
+        ));
+        assert!(matches!(m(404, "NoSuchKey"), StoreError::NotFound));
+        assert!(matches!(m(404, ""), StoreError::NotFound));
+        assert!(matches!(m(404, "NoSuchBucket"), StoreError::Other(_)));
+        assert!(matches!(m(503, "SlowDown"), StoreError::Unavailable(_)));
+        assert!(matches!(
+            m(500, "InternalError"),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(m(502, ""), StoreError::Unavailable(_)));
+        assert!(matches!(
+            m(400, "RequestTimeout"),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(m(403, "AccessDenied"), StoreError::Other(_)));
+        assert!(matches!(m(501, "NotImplemented"), StoreError::Other(_)));
+        let timeout: SdkError<aws_sdk_s3::operation::put_object::PutObjectError, HttpResponse> =
+            SdkError::timeout_error("slow");
+        assert!(matches!(
+            map_err("PutObject", "k", timeout),
+            StoreError::Unavailable(_)
+        ));
     }
 
     #[test]

@@ -1,0 +1,66 @@
+//! Runs the store conformance suite against a real S3 endpoint (LocalStack in CI).
+//!
+//! Enabled by `NARAD_TEST_S3=s3://BUCKET[/PREFIX]` together with the usual AWS environment,
+//! e.g. after `localstack/start.sh`:
+//!
+//! ```text
+//! NARAD_TEST_S3=s3://narad-test/ci AWS_ENDPOINT_URL=http://127.0.0.1:4566 \
+//!   AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1 \
+//!   cargo test -p narad-shared --test s3_conformance -- --nocapture
+//! ```
+//!
+//! Without `NARAD_TEST_S3` every test prints that it was skipped and passes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use narad_shared::store::{self, StoreError};
+
+fn target() -> Option<String> {
+    match std::env::var("NARAD_TEST_S3") {
+        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_string()),
+        _ => {
+            println!("skipped: NARAD_TEST_S3 not set");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_store_passes_conformance() {
+    let Some(url) = target() else { return };
+    let store = store::open(&url)
+        .await
+        .unwrap_or_else(|e| panic!("opening {url} failed: {e}"));
+    println!("running conformance against {}", store.describe());
+    let prefix = format!("conformance-{}", uuid::Uuid::new_v4());
+    store::conformance::run_all(store.clone(), &prefix).await;
+    // Leave the bucket tidy; a failure here is not a conformance failure.
+    for key in store.list(&format!("{prefix}/")).await.unwrap_or_default() {
+        let _ = store.delete(&key).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_bucket_fails_clearly() {
+    let Some(url) = target() else { return };
+    assert!(
+        url.starts_with("s3://"),
+        "NARAD_TEST_S3 must be an s3:// URL, got {url}"
+    );
+    let bucket = format!("narad-missing-{}", uuid::Uuid::new_v4().simple());
+    let missing = format!("s3://{bucket}/x");
+    match store::open(&missing).await {
+        Err(StoreError::Other(msg)) => {
+            println!("missing bucket error: {msg}");
+            assert!(
+                msg.contains(&bucket),
+                "the error must name the bucket: {msg}"
+            );
+            assert!(
+                msg.contains("does not exist"),
+                "the error must say why: {msg}"
+            );
+        }
+        Err(e) => panic!("opening a missing bucket must be StoreError::Other, got {e:?}"),
+        Ok(s) => panic!("opening a missing bucket must fail, got {}", s.describe()),
+    }
+}

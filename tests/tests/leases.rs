@@ -1,0 +1,418 @@
+//! Leases, receipt handles, flow control, replay and retention: every behaviour the
+//! consumer documentation promises. Time moves only through the injected clock.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use narad_tests::{Options, Server};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+fn handle(m: &Value) -> String {
+    m["receipt_handle"].as_str().unwrap().to_owned()
+}
+
+async fn code(r: reqwest::Response) -> (StatusCode, String) {
+    let st = r.status();
+    let v: Value = r.json().await.unwrap();
+    (
+        st,
+        v["error"]["code"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_200_then_204_and_ack_settles_forever() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"visibility_timeout_ms": 1000}))
+        .await;
+    assert!(s.consume("q", "").await.is_none(), "empty topic: 204");
+    s.produce("q", r#"{"n":1}"#).await;
+    let m = s.consume("q", "").await.unwrap();
+    assert_eq!(m["payload"], json!({"n":1}));
+    assert!(
+        s.consume("q", "").await.is_none(),
+        "in flight: invisible to others"
+    );
+    assert_eq!(s.ack("q", &handle(&m), "").await, StatusCode::NO_CONTENT);
+    s.clock.advance(10_000);
+    assert!(
+        s.consume("q", "").await.is_none(),
+        "acked: never redelivered"
+    );
+    assert_eq!(
+        s.ack("q", &handle(&m), "").await,
+        StatusCode::GONE,
+        "second ack: lease no longer held"
+    );
+    let t = s.topic("q").await;
+    assert_eq!(t["partitions"][0]["frontier"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_ack_gets_410_and_changes_nothing() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"visibility_timeout_ms": 1000}))
+        .await;
+    s.produce("q", "job").await;
+    let first = s.consume("q", "").await.unwrap();
+    s.clock.advance(1000); // deadline reached: the lease has lapsed
+    let r = s.ack_raw("q", &handle(&first), "").await;
+    assert_eq!(code(r).await, (StatusCode::GONE, "lease_gone".into()));
+    // The message is available again, with its delivery count climbing.
+    let second = s.consume("q", "").await.unwrap();
+    assert_eq!(second["offset"], first["offset"]);
+    assert_eq!(second["delivery_count"], 2);
+    // The first consumer's handle stays dead: ack, extend and nack all get 410 and the
+    // second consumer's lease is untouched.
+    for extra in ["", "&extend=true", "&extend=0"] {
+        assert_eq!(
+            s.ack("q", &handle(&first), extra).await,
+            StatusCode::GONE,
+            "{extra}"
+        );
+    }
+    assert!(
+        s.consume("q", "").await.is_none(),
+        "second lease still holds"
+    );
+    assert_eq!(
+        s.ack("q", &handle(&second), "").await,
+        StatusCode::NO_CONTENT
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_keeps_a_message_invisible() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"visibility_timeout_ms": 1000}))
+        .await;
+    s.produce("q", "slow job").await;
+    let m = s.consume("q", "").await.unwrap();
+    for _ in 0..5 {
+        s.clock.advance(700);
+        assert_eq!(
+            s.ack("q", &handle(&m), "&extend=true").await,
+            StatusCode::NO_CONTENT
+        );
+        assert!(
+            s.consume("q", "").await.is_none(),
+            "extended: still invisible"
+        );
+    }
+    // 3.5 s after the consume, well past the 1 s timeout, the lease still holds.
+    s.clock.advance(999);
+    assert!(s.consume("q", "").await.is_none());
+    assert_eq!(s.ack("q", &handle(&m), "").await, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_after_the_window_gets_410() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"visibility_timeout_ms": 1000}))
+        .await;
+    s.produce("q", "x").await;
+    let m = s.consume("q", "").await.unwrap();
+    s.clock.advance(1001);
+    assert_eq!(
+        s.ack("q", &handle(&m), "&extend=true").await,
+        StatusCode::GONE
+    );
+    // The lapsed message is available to the next consumer.
+    assert!(s.consume("q", "").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_redelivers_at_once_and_kills_the_handle() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"visibility_timeout_ms": 30000}))
+        .await;
+    s.produce("q", "retry me").await;
+    let m = s.consume("q", "").await.unwrap();
+    assert_eq!(
+        s.ack("q", &handle(&m), "&extend=0").await,
+        StatusCode::NO_CONTENT
+    );
+    // No clock movement: redeliverable immediately.
+    let again = s.consume("q", "").await.unwrap();
+    assert_eq!(again["offset"], m["offset"]);
+    assert_eq!(again["delivery_count"], 2);
+    assert_eq!(
+        s.ack("q", &handle(&m), "").await,
+        StatusCode::GONE,
+        "nacked handle is stale"
+    );
+    assert_eq!(
+        s.ack("q", &handle(&again), "").await,
+        StatusCode::NO_CONTENT
+    );
+    let r = s.ack_raw("q", &handle(&again), "&extend=maybe").await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_poll_waits_and_wakes() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({})).await;
+    // Nothing arrives: 204 after about the wait.
+    let t = Instant::now();
+    assert!(s.consume("q", "wait=300ms").await.is_none());
+    assert!(
+        t.elapsed() >= Duration::from_millis(280),
+        "returned after {:?}",
+        t.elapsed()
+    );
+    // A produce during the wait wakes the poller at once.
+    let base = s.base.clone();
+    let poll = tokio::spawn(async move {
+        let c = reqwest::Client::new();
+        let t = Instant::now();
+        let r = c
+            .get(format!("{base}/v1/topics/q/consume?wait=10s"))
+            .basic_auth(narad_tests::USER, Some(narad_tests::PASS))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), t.elapsed(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.produce("q", "wake up").await;
+    let (status, took, m) = poll.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(m["payload"], "wake up");
+    assert!(took < Duration::from_secs(5), "woke after {took:?}");
+    // A nack wakes a waiting consumer too.
+    let base = s.base.clone();
+    let poll = tokio::spawn(async move {
+        let c = reqwest::Client::new();
+        let r = c
+            .get(format!("{base}/v1/topics/q/consume?wait=10s"))
+            .basic_auth(narad_tests::USER, Some(narad_tests::PASS))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        s.ack("q", &handle(&m), "&extend=0").await,
+        StatusCode::NO_CONTENT
+    );
+    let (status, again) = poll.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(again["offset"], m["offset"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_is_capped_by_the_server() {
+    let mut opts = Options::default();
+    opts.broker.max_wait = Duration::from_millis(300);
+    let s = Server::start_with(opts).await;
+    s.create_topic("q", json!({})).await;
+    let t = Instant::now();
+    assert!(s.consume("q", "wait=60s").await.is_none());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "cap ignored: {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_cap_answers_204_until_acks_arrive() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"max_in_flight_per_partition": 3}))
+        .await;
+    for i in 0..6 {
+        s.produce("q", format!("m{i}")).await;
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(s.consume("q", "").await.unwrap());
+    }
+    assert!(s.consume("q", "").await.is_none(), "at the cap: 204");
+    assert_eq!(s.topic("q").await["partitions"][0]["in_flight"], 3);
+    assert_eq!(
+        s.ack("q", &handle(&got[1]), "").await,
+        StatusCode::NO_CONTENT
+    );
+    let next = s.consume("q", "").await.unwrap();
+    assert_eq!(next["offset"], 3);
+    assert!(s.consume("q", "").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_ahead_window_503_and_frontier_only_consume() {
+    let s = Server::start().await;
+    s.create_topic(
+        "q",
+        json!({"max_acked_ahead_per_partition": 2, "visibility_timeout_ms": 5000}),
+    )
+    .await;
+    for i in 0..6 {
+        s.produce("q", format!("m{i}")).await;
+    }
+    let mut ms = Vec::new();
+    for _ in 0..4 {
+        ms.push(s.consume("q", "").await.unwrap());
+    }
+    // Offset 0 is the frontier and stays unacked; acks of 1 and 2 fill the window.
+    assert_eq!(
+        s.ack("q", &handle(&ms[1]), "").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        s.ack("q", &handle(&ms[2]), "").await,
+        StatusCode::NO_CONTENT
+    );
+    let r = s.ack_raw("q", &handle(&ms[3]), "").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().get("retry-after").is_some());
+    assert_eq!(code(r).await.1, "acked_ahead_full");
+    // The refused ack changed nothing: offset 3 is still leased to us.
+    assert_eq!(s.topic("q").await["partitions"][0]["acked_ahead"], 2);
+    // While the window is full, consume serves only the frontier message: offsets 4 and
+    // 5 are available but not handed out.
+    assert!(s.consume("q", "").await.is_none());
+    s.clock.advance(5000); // offsets 0 and 3 lapse
+    let f = s.consume("q", "").await.unwrap();
+    assert_eq!(f["offset"], 0, "frontier message first");
+    assert!(
+        s.consume("q", "").await.is_none(),
+        "nothing but the frontier while full"
+    );
+    // Settling the frontier advances it past 1 and 2, emptying the window.
+    assert_eq!(s.ack("q", &handle(&f), "").await, StatusCode::NO_CONTENT);
+    let t = s.topic("q").await;
+    assert_eq!(
+        (
+            t["partitions"][0]["frontier"].as_u64(),
+            t["partitions"][0]["acked_ahead"].as_u64()
+        ),
+        (Some(3), Some(0))
+    );
+    let next = s.consume("q", "").await.unwrap();
+    assert_eq!(next["offset"], 3);
+    // The old handle for offset 3 lapsed; retrying it now gets 410, not 503.
+    assert_eq!(s.ack("q", &handle(&ms[3]), "").await, StatusCode::GONE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_reads_without_reserving() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"partitions": 2})).await;
+    s.produce_q("q", "partition=1&key=k", r#"{"v":0}"#).await;
+    s.produce_q("q", "partition=1", "second").await;
+    let r = s.consume("q", "partition=1&offset=0").await.unwrap();
+    assert_eq!(r["payload"], json!({"v":0}));
+    assert_eq!(r["key"], "k");
+    assert!(
+        r.get("receipt_handle").is_none(),
+        "replay has no receipt handle"
+    );
+    // Replay again, and the message is still available to a real consume.
+    assert!(s.consume("q", "partition=1&offset=0").await.is_some());
+    let m = s.consume("q", "partition=1").await.unwrap();
+    assert_eq!(m["offset"], 0);
+    // Replay works on in-flight and settled messages alike.
+    assert_eq!(
+        s.consume("q", "partition=1&offset=0").await.unwrap()["delivery_count"],
+        1
+    );
+    assert_eq!(s.ack("q", &handle(&m), "").await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        s.consume("q", "partition=1&offset=0").await.unwrap()["payload"],
+        json!({"v":0})
+    );
+    // Beyond the end: 204 (after the wait).
+    assert!(s.consume("q", "partition=1&offset=2").await.is_none());
+    assert!(s.consume("q", "partition=0&offset=0").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_old_messages_and_replay_gets_410() {
+    let s = Server::start().await;
+    s.create_topic("q", json!({"retention_ms": 60_000})).await;
+    s.produce("q", "old-0").await;
+    s.produce("q", "old-1").await;
+    let leased = s.consume("q", "").await.unwrap();
+    s.clock.advance(30_000);
+    s.produce("q", "newer").await;
+    s.clock.advance(40_000); // the first two are now 70 s old
+    s.produce("q", "newest").await; // any write applies retention
+    let r = s.consume_raw("q", "partition=0&offset=0").await;
+    assert_eq!(code(r).await, (StatusCode::GONE, "offset_expired".into()));
+    let r = s.consume_raw("q", "partition=0&offset=1").await;
+    assert_eq!(r.status(), StatusCode::GONE);
+    let t = s.topic("q").await;
+    assert_eq!(t["partitions"][0]["start_offset"], 2);
+    assert_eq!(t["partitions"][0]["segments"], 2);
+    // The expired lease is gone too.
+    assert_eq!(s.ack("q", &handle(&leased), "").await, StatusCode::GONE);
+    // Consumers continue from the oldest retained message.
+    assert_eq!(s.consume("q", "").await.unwrap()["payload"], "newer");
+    // Expired segment objects are deleted from the store.
+    let keys = s.store.list("topics/q/0/segments/").await.unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_foreign_and_malformed_handles_never_5xx() {
+    let s = Server::start().await;
+    s.create_topic("a", json!({})).await;
+    s.create_topic("b", json!({})).await;
+    s.produce("a", "x").await;
+    let m = s.consume("a", "").await.unwrap();
+    let h = handle(&m);
+    // Another topic's handle: 410.
+    assert_eq!(s.ack("b", &h, "").await, StatusCode::GONE);
+    // A tampered handle: 410 (bad signature) or 400 (does not parse), never 5xx.
+    let mut chars: Vec<char> = h.chars().collect();
+    let mid = chars.len() / 2;
+    chars[mid] = if chars[mid] == 'A' { 'B' } else { 'A' };
+    let tampered: String = chars.into_iter().collect();
+    let st = s.ack("a", &tampered, "").await;
+    assert!(
+        st == StatusCode::GONE || st == StatusCode::BAD_REQUEST,
+        "{st}"
+    );
+    for junk in [
+        "",
+        "x",
+        "v1.a.b",
+        "v1..",
+        &"v1.".repeat(400),
+        "v1.eyJrIjoiMDAwMDAwMDAiLCJ0IjoiYSIsInAiOjk5LCJvIjowLCJsIjoxfQ.AAAA",
+    ] {
+        let st = s.ack("a", junk, "").await;
+        assert!(st.is_client_error(), "{junk:?} gave {st}");
+    }
+    // A handle signed by a different server key: 410.
+    let other = Server::start_with(Options {
+        receipt_keys: vec![b"another-key-0123456789abcdef".to_vec()],
+        ..Options::default()
+    })
+    .await;
+    other.create_topic("a", json!({})).await;
+    other.produce("a", "y").await;
+    let foreign = handle(&other.consume("a", "").await.unwrap());
+    assert_eq!(s.ack("a", &foreign, "").await, StatusCode::GONE);
+    // After all that, the real handle still works.
+    assert_eq!(s.ack("a", &h, "").await, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_store_share_leases() {
+    // Two brokers on one store act like two processes: a handle from one is accepted by
+    // the other, and a message leased through one is invisible through the other.
+    let a = Server::start().await;
+    let b = Server::start_on(a.store.clone(), None, Options::default(), a.clock.clone()).await;
+    a.create_topic("q", json!({})).await;
+    a.produce("q", "one").await;
+    let m = b.consume("q", "").await.unwrap();
+    assert!(a.consume("q", "").await.is_none());
+    assert_eq!(a.ack("q", &handle(&m), "").await, StatusCode::NO_CONTENT);
+    let r = b.req(Method::GET, "/v1/topics/q").send().await.unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["partitions"][0]["frontier"], 1);
+}
