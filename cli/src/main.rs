@@ -4,6 +4,8 @@
 //! of the HTTP API on one store. Flags override `NARAD_LISTEN` and `NARAD_STORE`; every
 //! other setting comes from the environment (see `narad_shared::config`).
 
+mod bench;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -37,6 +39,27 @@ enum Command {
         #[arg(long)]
         store: Option<String>,
     },
+    /// Benchmark a server on a store: throughput, latency, storage requests per message.
+    Bench {
+        /// Store URL to benchmark (file://PATH, memory://, s3://BUCKET[/PREFIX]).
+        #[arg(long, default_value = "file://./narad-bench-data")]
+        store: String,
+        /// Messages per phase.
+        #[arg(long, default_value_t = 500)]
+        messages: usize,
+        /// Concurrent HTTP clients.
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        /// Partitions of the benchmark topic.
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        /// Payload size in bytes.
+        #[arg(long, default_value_t = 100)]
+        payload_bytes: usize,
+        /// Serial compare-and-swap operations for the store's baseline rate.
+        #[arg(long, default_value_t = 200)]
+        cas_ops: usize,
+    },
 }
 
 #[tokio::main]
@@ -50,6 +73,24 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve { listen, store } => serve(listen, store).await,
+        Command::Bench {
+            store,
+            messages,
+            connections,
+            partitions,
+            payload_bytes,
+            cas_ops,
+        } => {
+            bench::run(bench::BenchArgs {
+                store,
+                messages,
+                connections,
+                partitions,
+                payload_bytes,
+                cas_ops,
+            })
+            .await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,6 +25,7 @@
 pub mod conformance;
 pub mod file;
 pub mod memory;
+pub mod metered;
 pub mod s3;
 
 use std::sync::Arc;

@@ -1,0 +1,121 @@
+//! Three `narad serve` processes on one store (one bucket prefix on S3): consumers spread
+//! over them, every ack sent to a different process than the consume that produced its
+//! handle. Every message is delivered, none twice, and no request gets a 5xx.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use narad_tests::{free_port, serde_urlencoded_pair, test_store_url, Process, PASS, USER};
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+const MESSAGES: usize = 150;
+const CONSUMERS: usize = 6;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_processes_share_one_store() {
+    let (url, _dir) = test_store_url();
+    let mut procs = Vec::new();
+    for _ in 0..3 {
+        procs.push(Process::start(&url, free_port(), &[]).await);
+    }
+    let bases: Arc<Vec<String>> = Arc::new(procs.iter().map(|p| p.base.clone()).collect());
+    let http = reqwest::Client::new();
+    let r = http
+        .put(format!("{}/v1/topics/shared", bases[0]))
+        .basic_auth(USER, Some(PASS))
+        .body(r#"{"partitions":2,"visibility_timeout_ms":120000}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    // Producers on all three processes at once.
+    let mut producers = Vec::new();
+    for w in 0..3 {
+        let bases = bases.clone();
+        producers.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            for i in (w..MESSAGES).step_by(3) {
+                let r = http
+                    .post(format!("{}/v1/topics/shared/produce", bases[w]))
+                    .basic_auth(USER, Some(PASS))
+                    .body(format!(r#"{{"n":{i}}}"#))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::CREATED, "produce via process {w}");
+            }
+        }));
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+
+    let seen: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for c in 0..CONSUMERS {
+        let (bases, seen) = (bases.clone(), seen.clone());
+        consumers.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut empty = 0;
+            let mut round = c;
+            while empty < 3 {
+                round += 1;
+                let consume_at = &bases[round % 3];
+                let ack_at = &bases[(round + 1) % 3];
+                let r = http
+                    .get(format!("{consume_at}/v1/topics/shared/consume?wait=200ms"))
+                    .basic_auth(USER, Some(PASS))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(
+                    !r.status().is_server_error() || r.status() == StatusCode::SERVICE_UNAVAILABLE,
+                    "consume gave {}",
+                    r.status()
+                );
+                match r.status() {
+                    StatusCode::OK => empty = 0,
+                    StatusCode::NO_CONTENT => {
+                        empty += 1;
+                        continue;
+                    }
+                    StatusCode::SERVICE_UNAVAILABLE => {
+                        panic!("consume got 503: {}", r.text().await.unwrap_or_default())
+                    }
+                    other => panic!("consume answered {other}"),
+                }
+                let m: Value = r.json().await.unwrap();
+                *seen
+                    .lock()
+                    .await
+                    .entry(m["payload"]["n"].as_u64().unwrap())
+                    .or_default() += 1;
+                let q =
+                    serde_urlencoded_pair("receipt_handle", m["receipt_handle"].as_str().unwrap());
+                let r = http
+                    .post(format!("{ack_at}/v1/topics/shared/ack?{q}"))
+                    .basic_auth(USER, Some(PASS))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::NO_CONTENT, "ack on another process");
+            }
+        }));
+    }
+    for c in consumers {
+        c.await.unwrap();
+    }
+    let seen = seen.lock().await;
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered twice: {twice:?}");
+    let lost: Vec<usize> = (0..MESSAGES)
+        .filter(|i| !seen.contains_key(&(*i as u64)))
+        .collect();
+    assert!(lost.is_empty(), "never delivered: {lost:?}");
+    for p in procs {
+        p.kill().await;
+    }
+}
