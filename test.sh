@@ -7,6 +7,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 step() { printf '\n== %s\n' "$*"; }
 
+# Every cargo test run is teed here so the end of this script can print one total.
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+tests() { cargo test "$@" 2>&1 | tee -a "$results"; }
+
 step "formatting (cargo fmt --check)"
 cargo fmt --all -- --check
 
@@ -24,7 +29,11 @@ step "build"
 cargo build --workspace --bins
 
 step "unit tests, store conformance (file, memory, S3), HTTP suite on the file store"
-NARAD_TEST_S3="s3://narad-test/$run_id/conformance" cargo test --workspace
+NARAD_TEST_S3="s3://narad-test/$run_id/conformance" tests --workspace
 
 step "HTTP suite on S3 (LocalStack)"
-NARAD_TEST_STORE="s3://narad-test/$run_id/http" cargo test -p narad-tests
+NARAD_TEST_STORE="s3://narad-test/$run_id/http" tests -p narad-tests
+
+step "summary"
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$results"
