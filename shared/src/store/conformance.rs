@@ -27,6 +27,7 @@ pub async fn run_all(store: DynStore, prefix: &str) {
     put_if_absent_creates_once(&*store, p).await;
     put_if_match_is_compare_and_swap(&*store, p).await;
     put_if_match_on_missing_is_not_found(&*store, p).await;
+    get_if_changed_is_conditional(&*store, p).await;
     delete_is_idempotent(&*store, p).await;
     list_by_prefix(&*store, p).await;
     binary_content_round_trips(&*store, p).await;
@@ -104,6 +105,25 @@ async fn put_if_match_on_missing_is_not_found(s: &dyn Store, p: &str) {
         s.get(&key).await.unwrap().is_none(),
         "it must not create the key"
     );
+}
+
+async fn get_if_changed_is_conditional(s: &dyn Store, p: &str) {
+    use super::Fetched;
+    let key = format!("{p}/cond/x");
+    assert!(matches!(s.get_if_changed(&key, "abc").await.unwrap(), Fetched::Missing));
+    let e1 = s.put_if_absent(&key, Bytes::from_static(b"1")).await.unwrap();
+    assert!(
+        matches!(s.get_if_changed(&key, &e1).await.unwrap(), Fetched::Unchanged),
+        "same ETag must be Unchanged"
+    );
+    let e2 = s.put_if_match(&key, Bytes::from_static(b"2"), &e1).await.unwrap();
+    match s.get_if_changed(&key, &e1).await.unwrap() {
+        Fetched::Object(o) => {
+            assert_eq!(&o.data[..], b"2");
+            assert_eq!(o.etag, e2);
+        }
+        other => panic!("a changed object must be returned, got {other:?}"),
+    }
 }
 
 async fn delete_is_idempotent(s: &dyn Store, p: &str) {

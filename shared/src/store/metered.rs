@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{DynStore, Object, Store, StoreError, StoreResult};
+use super::{DynStore, Fetched, Object, Store, StoreError, StoreResult};
 
 /// Operations, in the order [`Counts`] reports them.
 pub const OPS: [&str; 5] = ["get", "put_if_absent", "put_if_match", "delete", "list"];
@@ -115,6 +115,12 @@ impl MeteredStore {
 impl Store for MeteredStore {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
         let r = self.inner.get(key).await;
+        self.record(0, &r);
+        r
+    }
+
+    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+        let r = self.inner.get_if_changed(key, etag).await;
         self.record(0, &r);
         r
     }

@@ -1,7 +1,7 @@
 //! The object-store contract every Narad backend implements.
 //!
 //! Narad keeps all of its state in a flat key space of immutable or
-//! conditionally replaced objects. A backend offers exactly five operations:
+//! conditionally replaced objects. A backend offers these operations:
 //!
 //! * [`Store::get`]: the bytes of an object and its ETag, or `None` when it is absent.
 //! * [`Store::put_if_absent`]: create an object only if no object has that key
@@ -9,6 +9,8 @@
 //! * [`Store::put_if_match`]: replace an object only if its current ETag equals the
 //!   given one (`If-Match`). Fails with [`StoreError::Conflict`] if the object changed
 //!   and with [`StoreError::NotFound`] if it no longer exists.
+//! * [`Store::get_if_changed`]: a conditional read (`If-None-Match`) that answers
+//!   [`Fetched::Unchanged`] when the caller's ETag is still current.
 //! * [`Store::delete`]: remove an object; deleting an absent object succeeds.
 //! * [`Store::list`]: every key that starts with a prefix, in lexicographic order.
 //!
@@ -42,6 +44,17 @@ pub struct Object {
     pub etag: String,
 }
 
+/// The answer to a conditional read ([`Store::get_if_changed`]).
+#[derive(Debug, Clone)]
+pub enum Fetched {
+    /// The object still has the ETag the caller holds.
+    Unchanged,
+    /// The object does not exist.
+    Missing,
+    /// The object changed; here it is.
+    Object(Object),
+}
+
 /// What can go wrong talking to a store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -71,6 +84,16 @@ pub type DynStore = Arc<dyn Store>;
 pub trait Store: Send + Sync + 'static {
     /// Reads an object. `Ok(None)` when it does not exist.
     async fn get(&self, key: &str) -> StoreResult<Option<Object>>;
+
+    /// Reads `key` unless its ETag is still `etag` (`If-None-Match`): the cheap way to
+    /// check that a cached copy is current. The default reads the whole object.
+    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+        Ok(match self.get(key).await? {
+            None => Fetched::Missing,
+            Some(o) if o.etag == etag => Fetched::Unchanged,
+            Some(o) => Fetched::Object(o),
+        })
+    }
 
     /// Creates `key` with `data` unless it exists. Returns the new ETag.
     /// Errors: [`StoreError::Conflict`] when the key already exists.

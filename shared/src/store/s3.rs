@@ -74,7 +74,7 @@ use aws_sdk_s3::Client;
 use bytes::Bytes;
 use rand::Rng;
 
-use super::{Object, Store, StoreError, StoreResult};
+use super::{Fetched, Object, Store, StoreError, StoreResult};
 
 /// Retries of an idempotent operation (`get`, `list`, `delete`) after an `Unavailable` error.
 pub const SAFE_RETRIES: u32 = 3;
@@ -252,22 +252,27 @@ impl S3Store {
         format!("{}{}", self.prefix, key)
     }
 
-    async fn get_once(&self, key: &str) -> StoreResult<Option<Object>> {
+    async fn get_once(&self, key: &str, if_none_match: Option<&str>) -> StoreResult<Fetched> {
         let full = self.full_key(key);
         let out = match self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(&full)
+            .set_if_none_match(if_none_match.map(str::to_owned))
             .send()
             .await
         {
             Ok(out) => out,
             Err(err) => {
-                return match map_err("GetObject", &full, err) {
-                    StoreError::NotFound => Ok(None),
-                    other => Err(other),
+                // 304 Not Modified arrives as an error; it only answers If-None-Match.
+                if err.raw_response().map(|r| r.status().as_u16()) == Some(304) {
+                    return Ok(Fetched::Unchanged);
                 }
+                return match map_err("GetObject", &full, err) {
+                    StoreError::NotFound => Ok(Fetched::Missing),
+                    other => Err(other),
+                };
             }
         };
         let etag = etag_of("GetObject", &full, out.e_tag())?;
@@ -282,7 +287,7 @@ impl S3Store {
                     DisplayErrorContext(&e)
                 ))
             })?;
-        Ok(Some(Object {
+        Ok(Fetched::Object(Object {
             data: body.into_bytes(),
             etag,
         }))
@@ -338,7 +343,15 @@ impl S3Store {
 #[async_trait]
 impl Store for S3Store {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
-        retry_safe(|| self.get_once(key)).await
+        match retry_safe(|| self.get_once(key, None)).await? {
+            Fetched::Object(o) => Ok(Some(o)),
+            Fetched::Missing | Fetched::Unchanged => Ok(None),
+        }
+    }
+
+    /// `GetObject` with `If-None-Match: <etag>`: a 304 costs no body transfer.
+    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+        retry_safe(|| self.get_once(key, Some(etag))).await
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
