@@ -170,14 +170,17 @@ mod tests {
             .put_if_absent("k", Bytes::from_static(b"1"))
             .await
             .is_err());
-        m.put_if_match("k", Bytes::from_static(b"2"), &e)
+        m.put_if_match("k", Bytes::from_static(b"2"), "nope")
             .await
             .unwrap_err();
+        m.put_if_match("k", Bytes::from_static(b"2"), &e)
+            .await
+            .unwrap();
         m.get("k").await.unwrap();
         let c = m.counts();
         assert_eq!(
             (c.puts(), c.failed_puts(), c.gets(), c.total()),
-            (3, 2, 1, 4)
+            (4, 2, 1, 5)
         );
         assert_eq!(c.since(&c).total(), 0);
     }
