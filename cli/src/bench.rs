@@ -2,14 +2,16 @@
 //! storage requests each message costs.
 //!
 //! The server runs in this process (the same router as `narad serve`) on 127.0.0.1, on
-//! the store given by `--store`, wrapped in a request counter. Clients are real HTTP
-//! connections. Phases run one after another so each one's storage requests are
-//! attributed to it: produce N messages, consume N (leases held), ack N. Before them the
-//! store's own serial compare-and-swap rate is measured, so every result can be read as a
-//! ratio of what one partition's manifest can absorb.
+//! the store given by `--store`; the broker counts every storage request. Clients are
+//! real HTTP connections (`--connections`), each sending `--batch` messages per request.
+//! Phases run one after another so each one's storage requests are attributed to it:
+//! produce N messages, then consume+ack N (or, with `--split`, consume N then ack N).
+//! Before them the store's own serial compare-and-swap rate is measured, so every
+//! throughput is also printed as a ratio of what one partition's manifest can absorb
+//! without group commit.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,6 +21,7 @@ use narad_shared::config::{Config, Credential};
 use narad_shared::engine::Broker;
 use narad_shared::store::metered::{Counts, MeteredStore};
 use narad_shared::store::{self, DynStore, StoreError};
+use serde_json::{json, Value};
 
 /// S3 Standard prices, dollars per request.
 const PUT_PRICE: f64 = 0.005 / 1000.0;
@@ -33,16 +36,20 @@ pub struct BenchArgs {
     pub partitions: u32,
     pub payload_bytes: usize,
     pub cas_ops: usize,
+    pub batch: usize,
+    pub split: bool,
 }
 
 struct Phase {
     name: &'static str,
-    ops: usize,
+    messages: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
     counts: Counts,
     errors: usize,
 }
+
+type Handles = Arc<Mutex<Vec<String>>>;
 
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
@@ -84,93 +91,118 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let topic = format!("bench-{}", RandomIds.new_id());
-    let settings = serde_json::json!({
+    let settings = json!({
         "partitions": args.partitions,
         "visibility_timeout_ms": 600_000,
         "max_in_flight_per_partition": 10_000,
         "max_acked_ahead_per_partition": 10_000,
     });
-    let r = http
-        .put(format!("{base}/v1/topics/{topic}"))
-        .basic_auth("bench", Some("bench"))
-        .body(settings.to_string())
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !r.status().is_success() {
-        return Err(format!("create topic: {}", r.status()));
-    }
-
-    let payload = Bytes::from(format!(
-        "{{\"pad\":\"{}\"}}",
-        "x".repeat(args.payload_bytes.saturating_sub(10))
-    ));
     let c = Client {
         http,
         base: base.clone(),
         topic: topic.clone(),
+        batch: args.batch.max(1),
     };
+    let r = c
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/topics/{topic}"),
+            settings.to_string(),
+        )
+        .await?;
+    if !r.status().is_success() {
+        return Err(format!("create topic: {}", r.status()));
+    }
+    let payload = format!(
+        "{{\"pad\":\"{}\"}}",
+        "x".repeat(args.payload_bytes.saturating_sub(10))
+    );
 
-    let produce = phase("produce", &metered, &args, {
-        let c = c.clone();
-        move |_| {
+    let mut phases = Vec::new();
+    phases.push(
+        phase("produce", &metered, &args, {
             let (c, payload) = (c.clone(), payload.clone());
-            async move { c.produce(payload).await.map(|_| ()) }
-        }
-    })
-    .await;
-
-    let handles = Arc::new(std::sync::Mutex::new(Vec::with_capacity(args.messages)));
-    let consume = phase("consume", &metered, &args, {
-        let (c, handles) = (c.clone(), handles.clone());
-        move |_| {
-            let (c, handles) = (c.clone(), handles.clone());
-            async move {
-                let h = c.consume().await?;
-                handles.lock().unwrap_or_else(|p| p.into_inner()).push(h);
-                Ok(())
+            move |n| {
+                let (c, payload) = (c.clone(), payload.clone());
+                async move { c.produce(&payload, n).await }
             }
-        }
-    })
-    .await;
-
-    let handles: Arc<Vec<String>> = Arc::new(std::mem::take(
-        &mut *handles.lock().unwrap_or_else(|p| p.into_inner()),
-    ));
-    let ack = phase("ack", &metered, &args, {
-        let (c, handles) = (c.clone(), handles.clone());
-        move |i| {
-            let (c, h) = (c.clone(), handles.get(i).cloned());
-            async move {
-                match h {
-                    Some(h) => c.ack(&h).await,
-                    None => Err("no handle".into()),
+        })
+        .await,
+    );
+    if args.split {
+        let handles: Handles = Arc::default();
+        phases.push(
+            phase("consume", &metered, &args, {
+                let (c, handles) = (c.clone(), handles.clone());
+                move |n| {
+                    let (c, handles) = (c.clone(), handles.clone());
+                    async move {
+                        let got = c.consume(n).await?;
+                        let k = got.len();
+                        handles
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .extend(got);
+                        Ok(k)
+                    }
                 }
-            }
-        }
-    })
-    .await;
-
+            })
+            .await,
+        );
+        phases.push(
+            phase("ack", &metered, &args, {
+                let (c, handles) = (c.clone(), handles.clone());
+                move |n| {
+                    let (c, handles) = (c.clone(), handles.clone());
+                    async move {
+                        let mine: Vec<String> = {
+                            let mut h = handles.lock().unwrap_or_else(|p| p.into_inner());
+                            let k = n.min(h.len());
+                            h.drain(..k).collect()
+                        };
+                        c.ack(&mine).await
+                    }
+                }
+            })
+            .await,
+        );
+    } else {
+        phases.push(
+            phase("consume+ack", &metered, &args, {
+                let c = c.clone();
+                move |n| {
+                    let c = c.clone();
+                    async move {
+                        let got = c.consume(n).await?;
+                        c.ack(&got).await
+                    }
+                }
+            })
+            .await,
+        );
+    }
     let _ = c
-        .http
-        .delete(format!("{base}/v1/topics/{topic}"))
-        .basic_auth("bench", Some("bench"))
-        .send()
+        .send(
+            reqwest::Method::DELETE,
+            &format!("/v1/topics/{topic}"),
+            String::new(),
+        )
         .await;
     server.abort();
 
     println!(
-        "narad bench: store {} | {} messages of {} bytes | {} connection(s) | {} partition(s)",
+        "narad bench: store {} | {} messages of {} bytes | {} connection(s) | batch {} | {} partition(s)",
         store.describe(),
         args.messages,
-        payload_len(args.payload_bytes),
+        payload.len(),
         args.connections,
+        args.batch.max(1),
         args.partitions
     );
-    println!("store serial CAS rate: {cas_rate:.1} commits/s (one writer, read + conditional PUT per commit)");
+    println!("store serial CAS rate: {cas_rate:.1} commits/s (one writer: GET + conditional PUT per commit)");
     println!();
     println!(
-        "{:<8} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>10}",
+        "{:<12} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9}",
         "phase",
         "msgs/s",
         "xCAS",
@@ -184,7 +216,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "$/M msgs"
     );
     let mut total = Counts::default();
-    for p in [&produce, &consume, &ack] {
+    for p in &phases {
         print_phase(p, cas_rate);
         for i in 0..5 {
             for j in 0..5 {
@@ -192,20 +224,21 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             }
         }
     }
-    let n = args.messages as f64;
+    let n = args.messages.max(1) as f64;
     let dollars = (total.puts() as f64 * PUT_PRICE + total.gets() as f64 * GET_PRICE) / n * 1e6;
     println!();
     println!(
-        "end to end (produce + consume + ack): {:.2} PUT/msg, {:.2} GET/msg, {:.2} requests/msg, ${dollars:.2} per million messages at S3 Standard prices",
+        "end to end (produce + consume + ack): {:.3} PUT/msg, {:.3} GET/msg, {:.3} failed PUT/msg, {:.3} requests/msg, ${dollars:.2} per million messages at S3 Standard prices",
         total.puts() as f64 / n,
         total.gets() as f64 / n,
+        total.failed_puts() as f64 / n,
         total.total() as f64 / n
     );
+    let errors: usize = phases.iter().map(|p| p.errors).sum();
+    if errors > 0 {
+        return Err(format!("{errors} requests failed"));
+    }
     Ok(())
-}
-
-fn payload_len(n: usize) -> usize {
-    n.max(10)
 }
 
 fn print_phase(p: &Phase, cas_rate: f64) {
@@ -218,12 +251,12 @@ fn print_phase(p: &Phase, cas_rate: f64) {
         let i = ((l.len() as f64 * q).ceil() as usize).clamp(1, l.len()) - 1;
         l[i].as_secs_f64() * 1000.0
     };
-    let rate = p.ops as f64 / p.elapsed.as_secs_f64().max(1e-9);
-    let n = p.ops.max(1) as f64;
+    let rate = p.messages as f64 / p.elapsed.as_secs_f64().max(1e-9);
+    let n = p.messages.max(1) as f64;
     let dollars =
         (p.counts.puts() as f64 * PUT_PRICE + p.counts.gets() as f64 * GET_PRICE) / n * 1e6;
     println!(
-        "{:<8} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7} {:>10.2}",
+        "{:<12} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.2}",
         p.name,
         rate,
         rate / cas_rate.max(1e-9),
@@ -238,7 +271,8 @@ fn print_phase(p: &Phase, cas_rate: f64) {
     );
 }
 
-/// Runs `op(i)` for i in 0..messages over `connections` concurrent workers.
+/// Runs requests over `connections` workers until `messages` messages are done; `op(n)`
+/// handles up to `n` messages and returns how many it did. Latency is per request.
 async fn phase<F, Fut>(
     name: &'static str,
     metered: &Arc<MeteredStore>,
@@ -247,28 +281,38 @@ async fn phase<F, Fut>(
 ) -> Phase
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<(), String>> + Send,
+    Fut: std::future::Future<Output = Result<usize, String>> + Send,
 {
     let before = metered.counts();
-    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let claimed = Arc::new(AtomicUsize::new(0));
     let op = Arc::new(op);
+    let batch = args.batch.max(1);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.connections.max(1) {
-        let (next, op, total) = (next.clone(), op.clone(), args.messages);
+        let (done, claimed, op, total) = (done.clone(), claimed.clone(), op.clone(), args.messages);
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0usize;
             loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
+                let from = claimed.fetch_add(batch, Ordering::Relaxed);
+                if from >= total {
                     break;
                 }
-                let t = Instant::now();
-                if op(i).await.is_err() {
-                    errors += 1;
+                let want = batch.min(total - from);
+                let mut got = 0;
+                let mut tries = 0;
+                while got < want && tries < 1000 {
+                    tries += 1;
+                    let t = Instant::now();
+                    match op(want - got).await {
+                        Ok(k) => got += k,
+                        Err(_) => errors += 1,
+                    }
+                    lat.push(t.elapsed());
                 }
-                lat.push(t.elapsed());
+                done.fetch_add(got, Ordering::Relaxed);
             }
             (lat, errors)
         }));
@@ -282,9 +326,10 @@ where
         }
     }
     let elapsed = start.elapsed();
+    let messages = done.load(Ordering::Relaxed);
     Phase {
         name,
-        ops: args.messages,
+        messages,
         elapsed,
         latencies,
         counts: metered.counts().since(&before),
@@ -323,60 +368,130 @@ struct Client {
     http: reqwest::Client,
     base: String,
     topic: String,
+    batch: usize,
 }
 
 impl Client {
-    async fn produce(&self, body: Bytes) -> Result<String, String> {
-        let r = self
-            .http
-            .post(format!("{}/v1/topics/{}/produce", self.base, self.topic))
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: String,
+    ) -> Result<reqwest::Response, String> {
+        self.http
+            .request(method, format!("{}{path}", self.base))
             .basic_auth("bench", Some("bench"))
             .body(body)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
-        if r.status().as_u16() != 201 {
-            return Err(format!("produce: {}", r.status()));
-        }
-        r.text().await.map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())
     }
 
-    async fn consume(&self) -> Result<String, String> {
-        for _ in 0..100 {
+    /// Produces `n` messages (one request); returns how many were accepted.
+    async fn produce(&self, payload: &str, n: usize) -> Result<usize, String> {
+        if self.batch == 1 {
             let r = self
-                .http
-                .get(format!("{}/v1/topics/{}/consume", self.base, self.topic))
-                .basic_auth("bench", Some("bench"))
-                .send()
-                .await
-                .map_err(|e| e.to_string())?;
-            match r.status().as_u16() {
-                200 => {
-                    let v: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
-                    return v["receipt_handle"]
+                .send(
+                    reqwest::Method::POST,
+                    &format!("/v1/topics/{}/produce", self.topic),
+                    payload.to_owned(),
+                )
+                .await?;
+            return if r.status().as_u16() == 201 {
+                Ok(1)
+            } else {
+                Err(format!("produce: {}", r.status()))
+            };
+        }
+        let msgs: Vec<String> = (0..n)
+            .map(|_| format!("{{\"payload\":{payload}}}"))
+            .collect();
+        let body = format!("{{\"messages\":[{}]}}", msgs.join(","));
+        let r = self
+            .send(
+                reqwest::Method::POST,
+                &format!("/v1/topics/{}/produce-batch", self.topic),
+                body,
+            )
+            .await?;
+        let v: Value = r.json().await.map_err(|e| e.to_string())?;
+        let ok = v["results"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|x| x["status"] == 201).count());
+        if ok == 0 {
+            return Err(format!("produce-batch: {v}"));
+        }
+        Ok(ok)
+    }
+
+    /// Consumes up to `n` messages (one request); returns their receipt handles.
+    async fn consume(&self, n: usize) -> Result<Vec<String>, String> {
+        let q = if self.batch == 1 {
+            String::new()
+        } else {
+            format!("?max={n}")
+        };
+        let r = self
+            .send(
+                reqwest::Method::GET,
+                &format!("/v1/topics/{}/consume{q}", self.topic),
+                String::new(),
+            )
+            .await?;
+        match r.status().as_u16() {
+            200 => {
+                let v: Value = r.json().await.map_err(|e| e.to_string())?;
+                let handles = match v.get("messages").and_then(Value::as_array) {
+                    Some(list) => list
+                        .iter()
+                        .filter_map(|m| m["receipt_handle"].as_str().map(str::to_owned))
+                        .collect(),
+                    None => v["receipt_handle"]
                         .as_str()
                         .map(str::to_owned)
-                        .ok_or_else(|| "no handle".into());
-                }
-                204 | 503 => continue,
-                s => return Err(format!("consume: {s}")),
+                        .into_iter()
+                        .collect(),
+                };
+                Ok(handles)
             }
+            204 | 503 => Ok(Vec::new()),
+            s => Err(format!("consume: {s}")),
         }
-        Err("consume: nothing after 100 tries".into())
     }
 
-    async fn ack(&self, handle: &str) -> Result<(), String> {
+    /// Acks `handles`, retrying 503s; returns how many were acked.
+    async fn ack(&self, handles: &[String]) -> Result<usize, String> {
+        if handles.is_empty() {
+            return Ok(0);
+        }
         for _ in 0..100 {
-            let r = self
-                .http
-                .post(format!("{}/v1/topics/{}/ack", self.base, self.topic))
-                .query(&[("receipt_handle", handle)])
-                .basic_auth("bench", Some("bench"))
-                .send()
-                .await
-                .map_err(|e| e.to_string())?;
+            let r = if self.batch == 1 && handles.len() == 1 {
+                self.http
+                    .post(format!("{}/v1/topics/{}/ack", self.base, self.topic))
+                    .query(&[("receipt_handle", handles[0].as_str())])
+                    .basic_auth("bench", Some("bench"))
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?
+            } else {
+                let body = json!({ "receipt_handles": handles }).to_string();
+                self.send(
+                    reqwest::Method::POST,
+                    &format!("/v1/topics/{}/ack", self.topic),
+                    body,
+                )
+                .await?
+            };
             match r.status().as_u16() {
-                204 => return Ok(()),
+                204 => return Ok(1),
+                200 => {
+                    let v: Value = r.json().await.map_err(|e| e.to_string())?;
+                    let all = v["results"].as_array().cloned().unwrap_or_default();
+                    if all.iter().any(|x| x["status"] == 503) {
+                        continue;
+                    }
+                    return Ok(all.iter().filter(|x| x["status"] == 204).count());
+                }
                 503 => continue,
                 s => return Err(format!("ack: {s}")),
             }

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use narad_shared::clock::{RandomIds, SystemClock};
+use narad_shared::clock::RandomIds;
 use narad_shared::config::{Config, Credential};
 use narad_shared::engine::Broker;
 use narad_shared::{api, store};
@@ -59,6 +59,14 @@ enum Command {
         /// Serial compare-and-swap operations for the store's baseline rate.
         #[arg(long, default_value_t = 200)]
         cas_ops: usize,
+        /// Messages per request: 1 uses the single-message API; more uses produce-batch,
+        /// consume?max=N and batch acks.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Run consume and ack as separate phases (per-operation request counts) instead
+        /// of one consume+ack phase.
+        #[arg(long)]
+        split: bool,
     },
 }
 
@@ -80,6 +88,8 @@ async fn main() -> ExitCode {
             partitions,
             payload_bytes,
             cas_ops,
+            batch,
+            split,
         } => {
             bench::run(bench::BenchArgs {
                 store,
@@ -88,6 +98,8 @@ async fn main() -> ExitCode {
                 partitions,
                 payload_bytes,
                 cas_ops,
+                batch,
+                split,
             })
             .await
         }
@@ -127,7 +139,7 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     };
     let broker = Broker::new(
         store.clone(),
-        Arc::new(SystemClock),
+        cfg.clock(),
         Arc::new(RandomIds),
         cfg.receipt_keys.clone(),
         cfg.broker.clone(),

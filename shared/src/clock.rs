@@ -1,7 +1,8 @@
 //! Injectable time and ids, so lease logic is tested without sleeping.
 //!
 //! Production code uses [`SystemClock`] and [`RandomIds`]; tests use [`ManualClock`]
-//! (time moves only when the test says so) and [`SequentialIds`].
+//! (time moves only when the test says so) and [`SequentialIds`]. [`FileClock`] lets a
+//! test move time in another process (an external server or a Lambda emulator).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,6 +54,34 @@ impl Clock for ManualClock {
     }
 }
 
+/// A clock read from a file, for tests that drive time in another process.
+///
+/// Every [`Clock::now_ms`] reads the file and parses its content (surrounding whitespace
+/// ignored) as milliseconds since the Unix epoch. If the file is missing or does not hold
+/// a whole number, it falls back to the system clock. Test-only: enabled by
+/// `NARAD_TEST_CLOCK_FILE` (see [`crate::config::Config::test_clock_file`]).
+#[derive(Debug, Clone)]
+pub struct FileClock {
+    /// The file holding the time.
+    pub path: std::path::PathBuf,
+}
+
+impl FileClock {
+    /// A clock that reads `path`.
+    pub fn new(path: impl Into<std::path::PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+}
+
+impl Clock for FileClock {
+    fn now_ms(&self) -> u64 {
+        std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| SystemClock.now_ms())
+    }
+}
+
 /// A source of unique ids (segment names, write ids).
 pub trait IdSource: Send + Sync + 'static {
     /// A new id, unique across processes sharing a store. Only `[A-Za-z0-9-]`.
@@ -76,5 +105,25 @@ pub struct SequentialIds(AtomicU64);
 impl IdSource for SequentialIds {
     fn new_id(&self) -> String {
         format!("id-{:06}", self.0.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_clock_reads_the_file_every_time_and_falls_back_to_system_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("now");
+        let clock = FileClock::new(&path);
+        let before = SystemClock.now_ms();
+        assert!(clock.now_ms() >= before, "missing file: system time");
+        std::fs::write(&path, "1795953600000\n").unwrap();
+        assert_eq!(clock.now_ms(), 1_795_953_600_000);
+        std::fs::write(&path, "1795953601000").unwrap();
+        assert_eq!(clock.now_ms(), 1_795_953_601_000);
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(clock.now_ms() >= before, "unparsable: system time");
     }
 }

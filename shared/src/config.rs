@@ -9,11 +9,17 @@
 //! | `NARAD_MAX_MESSAGE_BYTES` | 1048576 | largest payload; larger produces get 413 |
 //! | `NARAD_MAX_WAIT_MS` | 10000 | cap on a consume's `wait` |
 //! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store |
+//! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
+//! | `NARAD_COMMIT_LINGER_MS` | 2 | how long a group commit waits for more operations to join |
+//! | `NARAD_TEST_CLOCK_FILE` | (unset) | **tests only**: read "now" (ms since the epoch) from this file on every clock read, so a test can move an external server's time |
 //!
 //! Errors name the variable at fault.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{Clock, FileClock, SystemClock};
 use crate::engine::BrokerOptions;
 
 /// A user allowed to call the API.
@@ -56,9 +62,21 @@ pub struct Config {
     pub receipt_keys: Vec<Vec<u8>>,
     /// Broker limits.
     pub broker: BrokerOptions,
+    /// Test only: the file [`Config::clock`] reads the time from (`NARAD_TEST_CLOCK_FILE`).
+    /// Never set it in production.
+    pub test_clock_file: Option<PathBuf>,
 }
 
 impl Config {
+    /// The clock to run the broker on: [`SystemClock`], or a [`FileClock`] when
+    /// `NARAD_TEST_CLOCK_FILE` is set (tests only).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        match &self.test_clock_file {
+            Some(path) => Arc::new(FileClock::new(path)),
+            None => Arc::new(SystemClock),
+        }
+    }
+
     /// Reads the process environment.
     ///
     /// Errors: [`ConfigError`] naming the first bad variable.
@@ -132,7 +150,22 @@ impl Config {
                     60_000,
                 )?),
                 segment_cache_entries: defaults.segment_cache_entries,
+                commit_linger: Duration::from_millis(num(
+                    "NARAD_COMMIT_LINGER_MS",
+                    defaults.commit_linger.as_millis() as u64,
+                    0,
+                    1000,
+                )?),
+                topic_cache: Duration::from_millis(num(
+                    "NARAD_TOPIC_CACHE_MS",
+                    defaults.topic_cache.as_millis() as u64,
+                    0,
+                    60_000,
+                )?),
             },
+            test_clock_file: get("NARAD_TEST_CLOCK_FILE")
+                .filter(|p| !p.trim().is_empty())
+                .map(PathBuf::from),
         })
     }
 }
@@ -192,6 +225,18 @@ mod tests {
         assert!(c.auth.is_none());
         assert_eq!(c.broker.max_message_bytes, 1 << 20);
         assert_eq!(c.broker.max_wait, Duration::from_secs(10));
+        assert!(c.test_clock_file.is_none());
+    }
+
+    #[test]
+    fn test_clock_file_selects_the_file_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("now");
+        std::fs::write(&path, "1234").unwrap();
+        let c = cfg(&[("NARAD_TEST_CLOCK_FILE", path.to_str().unwrap())]).unwrap();
+        assert_eq!(c.test_clock_file.as_deref(), Some(path.as_path()));
+        assert_eq!(c.clock().now_ms(), 1234);
+        assert!(cfg(&[]).unwrap().clock().now_ms() > 1234);
     }
 
     #[test]

@@ -21,9 +21,10 @@
 //! `max_acked_ahead_per_partition` fails with [`BrokerError::AckedAheadFull`] (503), and
 //! while the set is full consume offers only the frontier message.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,16 +36,18 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use crate::clock::{Clock, IdSource};
+use crate::commit::{Committer, Grant, Op, Outcome};
 use crate::keys::{self, InvalidTopic};
-use crate::manifest::{self, Decision, Lease, Manifest, SegmentRef, UpdateError};
+use crate::manifest::{self, Manifest, SegmentRef};
 use crate::receipt::{Claims, ReceiptError, Receipts};
 use crate::segment::{CorruptSegment, Segment, StoredMessage};
 use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
+use crate::store::metered::{MeteredStore, OPS, OUTCOMES};
 use crate::store::{DynStore, StoreError};
 
 /// Everything the broker can refuse or fail with. The HTTP edge maps each case to a
 /// status and error code in one place (`api::error`).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
     /// The topic name is not allowed.
     #[error(transparent)]
@@ -82,23 +85,16 @@ pub enum BrokerError {
     /// Too many concurrent writers on one partition.
     #[error("the partition is busy; retry later")]
     Contention,
+    /// The topic was deleted and created again while this request used it; retried once
+    /// internally, then reported as busy.
+    #[error("the topic changed while the request ran; retry")]
+    StaleTopic,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Stored data does not decode.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
-}
-
-impl From<UpdateError<BrokerError>> for BrokerError {
-    fn from(e: UpdateError<BrokerError>) -> Self {
-        match e {
-            UpdateError::Rejected(e) => e,
-            UpdateError::Contention => BrokerError::Contention,
-            UpdateError::Store(e) => BrokerError::Store(e),
-            UpdateError::Corrupt(e) => BrokerError::Corrupt(e),
-        }
-    }
 }
 
 impl From<CorruptSegment> for BrokerError {
@@ -121,6 +117,11 @@ pub struct BrokerOptions {
     pub poll_interval: Duration,
     /// Decoded segments kept in memory.
     pub segment_cache_entries: usize,
+    /// How long topic settings are cached in this process. Settings changed by another
+    /// process take up to this long to apply here.
+    pub topic_cache: Duration,
+    /// How long a group commit waits for more operations to join it.
+    pub commit_linger: Duration,
 }
 
 impl Default for BrokerOptions {
@@ -130,6 +131,8 @@ impl Default for BrokerOptions {
             max_wait: Duration::from_secs(10),
             poll_interval: Duration::from_millis(500),
             segment_cache_entries: 256,
+            topic_cache: Duration::from_secs(1),
+            commit_linger: Duration::from_millis(2),
         }
     }
 }
@@ -149,10 +152,23 @@ pub struct Topic {
     pub name: String,
     /// Its settings.
     pub settings: TopicSettings,
-    /// Changes each time a topic of this name is created.
+    /// Changes each time a topic of this name is created; sorts by creation time.
     pub incarnation: String,
     /// Creation time, wall-clock ms.
     pub created_at_ms: u64,
+    /// ETag of the settings object this was read from.
+    pub etag: String,
+}
+
+/// A message to produce.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// Target partition; with `None`, by key hash, else round-robin.
+    pub partition: Option<u32>,
+    /// The message key.
+    pub key: Option<String>,
+    /// Raw payload.
+    pub payload: Bytes,
 }
 
 /// Where a produced message landed.
@@ -221,16 +237,40 @@ pub struct PartitionStats {
     pub version: u64,
 }
 
+/// Per-topic wake-ups for long polls in this process.
+#[derive(Debug, Default)]
+pub struct Wakers(Mutex<HashMap<String, Arc<Notify>>>);
+
+impl Wakers {
+    /// The notifier of `topic`.
+    pub fn get(&self, topic: &str) -> Arc<Notify> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(topic.to_owned()).or_default().clone()
+    }
+
+    /// Wakes every long poll on `topic` in this process.
+    pub fn wake(&self, topic: &str) {
+        self.get(topic).notify_waiters();
+    }
+}
+
+/// Most messages one consume may return.
+pub const MAX_CONSUME_BATCH: usize = 100;
+
 /// The broker. Cheap to share behind an `Arc`.
 pub struct Broker {
     store: DynStore,
+    metered: Arc<MeteredStore>,
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdSource>,
     receipts: Receipts,
     opts: BrokerOptions,
-    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    wakers: Arc<Wakers>,
+    committer: Arc<Committer>,
     segments: Mutex<lru::LruCache<String, Arc<Segment>>>,
+    topics: Mutex<HashMap<String, (Instant, Topic)>>,
     round_robin: AtomicU64,
+    waiting: AtomicI64,
 }
 
 impl std::fmt::Debug for Broker {
@@ -246,6 +286,10 @@ struct StoredReceiptKey {
     key_b64: String,
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Broker {
     /// Builds a broker. `receipt_keys` are the configured signing keys (first signs);
     /// when empty, a key is generated once and kept in the store so every process on
@@ -259,21 +303,35 @@ impl Broker {
         receipt_keys: Vec<Vec<u8>>,
         opts: BrokerOptions,
     ) -> BrokerResult<Self> {
+        let metered = MeteredStore::new(store);
+        let store: DynStore = metered.clone();
         let receipts = match Receipts::new(receipt_keys) {
             Some(r) => r,
             None => Receipts::new(vec![shared_receipt_key(&*store).await?])
                 .ok_or_else(|| BrokerError::Corrupt("no receipt key".into()))?,
         };
         let cap = NonZeroUsize::new(opts.segment_cache_entries.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let wakers = Arc::new(Wakers::default());
+        let committer = Arc::new(Committer::new(
+            store.clone(),
+            ids.clone(),
+            clock.clone(),
+            wakers.clone(),
+            opts.commit_linger,
+        ));
         Ok(Self {
             store,
+            metered,
             clock,
             ids,
             receipts,
             opts,
-            wakers: Mutex::new(HashMap::new()),
+            wakers,
+            committer,
             segments: Mutex::new(lru::LruCache::new(cap)),
+            topics: Mutex::new(HashMap::new()),
             round_robin: AtomicU64::new(0),
+            waiting: AtomicI64::new(0),
         })
     }
 
@@ -282,47 +340,69 @@ impl Broker {
         &self.opts
     }
 
-    /// The store this broker runs on.
+    /// The store this broker runs on (counting requests).
     pub fn store(&self) -> &DynStore {
         &self.store
     }
 
-    fn waker(&self, topic: &str) -> Arc<Notify> {
-        let mut map = self.wakers.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(topic.to_owned()).or_default().clone()
-    }
-
-    fn wake(&self, topic: &str) {
-        self.waker(topic).notify_waiters();
-    }
-
     // ----- topics -------------------------------------------------------------------
 
-    /// Loads a topic's settings.
+    /// Loads a topic's settings, from this process's short-lived cache when fresh.
     ///
     /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
     pub async fn topic(&self, name: &str) -> BrokerResult<Topic> {
-        Ok(self.topic_with_etag(name).await?.0)
+        keys::validate_topic(name)?;
+        if let Some((at, t)) = lock(&self.topics).get(name) {
+            if at.elapsed() < self.opts.topic_cache {
+                return Ok(t.clone());
+            }
+        }
+        self.load_topic(name).await
     }
 
-    async fn topic_with_etag(&self, name: &str) -> BrokerResult<(Topic, String)> {
+    /// Reads a topic's settings from the store, refreshing the cache.
+    async fn load_topic(&self, name: &str) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
-        let obj = self
-            .store
-            .get(&keys::topic_settings(name))
-            .await?
-            .ok_or(BrokerError::TopicNotFound)?;
+        let Some(obj) = self.store.get(&keys::topic_settings(name)).await? else {
+            lock(&self.topics).remove(name);
+            return Err(BrokerError::TopicNotFound);
+        };
         let rec: TopicRecord = serde_json::from_slice(&obj.data)
             .map_err(|e| BrokerError::Corrupt(format!("topic {name}: {e}")))?;
-        Ok((
-            Topic {
-                name: name.to_owned(),
-                settings: rec.settings,
-                incarnation: rec.incarnation,
-                created_at_ms: rec.created_at_ms,
-            },
-            obj.etag,
-        ))
+        let topic = Topic {
+            name: name.to_owned(),
+            settings: rec.settings,
+            incarnation: rec.incarnation,
+            created_at_ms: rec.created_at_ms,
+            etag: obj.etag,
+        };
+        lock(&self.topics).insert(name.to_owned(), (Instant::now(), topic.clone()));
+        Ok(topic)
+    }
+
+    fn forget_topic(&self, name: &str) {
+        lock(&self.topics).remove(name);
+    }
+
+    /// Runs `f` with the topic; if the topic turned out stale (deleted and created again
+    /// meanwhile), reloads it and runs `f` once more.
+    async fn with_topic<T, F, Fut>(&self, name: &str, f: F) -> BrokerResult<T>
+    where
+        F: Fn(Topic) -> Fut,
+        Fut: std::future::Future<Output = BrokerResult<T>>,
+    {
+        let topic = self.topic(name).await?;
+        match f(topic).await {
+            Err(BrokerError::StaleTopic) => {
+                self.forget_topic(name);
+                let topic = self.load_topic(name).await?;
+                match f(topic).await {
+                    Err(BrokerError::StaleTopic) => Err(BrokerError::Contention),
+                    other => other,
+                }
+            }
+            other => other,
+        }
     }
 
     /// Creates a topic. Returns `(true, topic)` when created, `(false, topic)` when it
@@ -349,16 +429,18 @@ impl Broker {
                 .put_if_absent(&keys::topic_settings(name), Bytes::from(body))
                 .await
             {
-                Ok(_) => {
+                Ok(etag) => {
                     let topic = Topic {
                         name: name.to_owned(),
                         settings: rec.settings,
                         incarnation: rec.incarnation,
                         created_at_ms: rec.created_at_ms,
+                        etag,
                     };
+                    lock(&self.topics).insert(name.to_owned(), (Instant::now(), topic.clone()));
                     return Ok((true, topic));
                 }
-                Err(StoreError::Conflict) => match self.topic(name).await {
+                Err(StoreError::Conflict) => match self.load_topic(name).await {
                     Ok(existing) if existing.settings == settings => return Ok((false, existing)),
                     Ok(_) => return Err(BrokerError::TopicConflict),
                     Err(BrokerError::TopicNotFound) => continue, // deleted meanwhile: try again
@@ -375,7 +457,7 @@ impl Broker {
         let keys = self.store.list(keys::TOPICS_PREFIX).await?;
         let mut out = Vec::new();
         for name in keys.iter().filter_map(|k| keys::topic_of_settings_key(k)) {
-            match self.topic(name).await {
+            match self.load_topic(name).await {
                 Ok(t) => out.push(t),
                 Err(BrokerError::TopicNotFound) => {}
                 Err(e) => return Err(e),
@@ -389,7 +471,7 @@ impl Broker {
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::InvalidSetting`].
     pub async fn patch_topic(&self, name: &str, input: &SettingsInput) -> BrokerResult<Topic> {
         for _ in 0..manifest::MAX_ATTEMPTS {
-            let (mut topic, etag) = self.topic_with_etag(name).await?;
+            let mut topic = self.load_topic(name).await?;
             let settings = input.apply_to(&topic.settings)?;
             if settings == topic.settings {
                 return Ok(topic);
@@ -402,12 +484,14 @@ impl Broker {
             let body = serde_json::to_vec(&rec).map_err(|e| BrokerError::Corrupt(e.to_string()))?;
             match self
                 .store
-                .put_if_match(&keys::topic_settings(name), Bytes::from(body), &etag)
+                .put_if_match(&keys::topic_settings(name), Bytes::from(body), &topic.etag)
                 .await
             {
-                Ok(_) => {
+                Ok(etag) => {
                     topic.settings = settings;
-                    self.wake(name);
+                    topic.etag = etag;
+                    lock(&self.topics).insert(name.to_owned(), (Instant::now(), topic.clone()));
+                    self.wakers.wake(name);
                     return Ok(topic);
                 }
                 Err(StoreError::Conflict) => continue,
@@ -424,12 +508,13 @@ impl Broker {
     ///
     /// Errors: [`BrokerError::TopicNotFound`].
     pub async fn delete_topic(&self, name: &str) -> BrokerResult<()> {
-        self.topic(name).await?;
+        self.load_topic(name).await?;
+        self.forget_topic(name);
         self.store.delete(&keys::topic_settings(name)).await?;
         for key in self.store.list(&keys::topic_prefix(name)).await? {
             self.store.delete(&key).await?;
         }
-        self.wake(name);
+        self.wakers.wake(name);
         Ok(())
     }
 
@@ -465,13 +550,12 @@ impl Broker {
 
     // ----- produce ------------------------------------------------------------------
 
-    /// Appends one message. Answers only after the manifest write that makes it
-    /// visible has committed.
+    /// Appends one message and answers once the manifest write that makes it visible
+    /// has committed. The partition is `partition` if given, else the one `key` hashes
+    /// to ([`partition_for_key`]), else the next in this process's round-robin.
     ///
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::NoSuchPartition`],
     /// [`BrokerError::PayloadTooLarge`], [`BrokerError::Contention`], store failures.
-    /// The partition is `partition` if given, else the one `key` hashes to
-    /// ([`partition_for_key`]), else the next in this process's round-robin.
     pub async fn produce(
         &self,
         name: &str,
@@ -479,57 +563,122 @@ impl Broker {
         key: Option<String>,
         payload: Bytes,
     ) -> BrokerResult<Produced> {
-        if payload.len() > self.opts.max_message_bytes {
-            return Err(BrokerError::PayloadTooLarge(self.opts.max_message_bytes));
-        }
-        let topic = self.topic(name).await?;
+        let mut r = self
+            .produce_batch(
+                name,
+                vec![NewMessage {
+                    partition,
+                    key,
+                    payload,
+                }],
+            )
+            .await?;
+        r.pop().unwrap_or(Err(BrokerError::Contention))
+    }
+
+    /// Appends many messages; one result per message, in order. Messages for one
+    /// partition are committed together, in order, with contiguous offsets.
+    ///
+    /// Errors (whole batch): [`BrokerError::TopicNotFound`]. Per message: as [`Broker::produce`].
+    pub async fn produce_batch(
+        &self,
+        name: &str,
+        messages: Vec<NewMessage>,
+    ) -> BrokerResult<Vec<BrokerResult<Produced>>> {
+        let messages = Arc::new(messages);
+        self.with_topic(name, |topic| {
+            let messages = messages.clone();
+            async move { self.produce_on(&topic, &messages).await }
+        })
+        .await
+    }
+
+    async fn produce_on(
+        &self,
+        topic: &Topic,
+        messages: &[NewMessage],
+    ) -> BrokerResult<Vec<BrokerResult<Produced>>> {
         let n = topic.settings.partitions;
-        let partition = match (partition, &key) {
-            (Some(p), _) if p < n => p,
-            (Some(p), _) => return Err(BrokerError::NoSuchPartition(p)),
-            (None, Some(k)) => partition_for_key(k, n),
-            (None, None) => {
-                (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
-            }
-        };
         let now = self.clock.now_ms();
-        let bytes = payload.len() as u64;
-        let segment = Arc::new(Segment {
-            messages: vec![StoredMessage::new(now, key, payload.to_vec())],
-        });
-        let seg_id = self.ids.new_id();
-        let seg_key = keys::segment(name, partition, &seg_id);
-        // Written before the commit; if the commit never lands this object is an orphan.
-        self.store
-            .put_if_absent(&seg_key, segment.encode()?)
-            .await?;
-        let retention = topic.settings.retention_ms;
-        let mkey = keys::manifest(name, partition);
-        let ((offset, dropped), _) =
-            manifest::update(&*self.store, &*self.ids, &mkey, &topic.incarnation, |m| {
-                let dropped = m.apply_retention(now, retention);
-                let base = m.next_offset;
-                m.segments.push(SegmentRef {
-                    id: seg_id.clone(),
-                    base_offset: base,
-                    count: 1,
-                    last_produced_ms: now,
-                    bytes,
-                });
-                m.next_offset += 1;
-                Ok::<_, BrokerError>(Decision::Commit((base, dropped)))
-            })
-            .await?;
-        self.cache_put(seg_key, segment);
-        self.delete_segments(name, partition, &dropped).await;
-        self.wake(name);
-        Ok(Produced { partition, offset })
+        let mut results: Vec<Option<BrokerResult<Produced>>> = vec![None; messages.len()];
+        let mut by_partition: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, m) in messages.iter().enumerate() {
+            if m.payload.len() > self.opts.max_message_bytes {
+                results[i] = Some(Err(BrokerError::PayloadTooLarge(
+                    self.opts.max_message_bytes,
+                )));
+                continue;
+            }
+            let p = match (m.partition, &m.key) {
+                (Some(p), _) if p < n => p,
+                (Some(p), _) => {
+                    results[i] = Some(Err(BrokerError::NoSuchPartition(p)));
+                    continue;
+                }
+                (None, Some(k)) => partition_for_key(k, n),
+                (None, None) => {
+                    (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
+                }
+            };
+            by_partition.entry(p).or_default().push(i);
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (p, idx) in by_partition {
+            let stored: Vec<StoredMessage> = idx
+                .iter()
+                .map(|&i| {
+                    StoredMessage::new(now, messages[i].key.clone(), messages[i].payload.to_vec())
+                })
+                .collect();
+            let (committer, topic) = (self.committer.clone(), topic.clone());
+            tasks.spawn(async move {
+                (
+                    p,
+                    idx,
+                    committer.submit(&topic, p, Op::Produce(stored)).await,
+                )
+            });
+        }
+        let mut stale = false;
+        while let Some(joined) = tasks.join_next().await {
+            let Ok((p, idx, outcome)) = joined else {
+                return Err(BrokerError::Contention);
+            };
+            match outcome {
+                Ok(Outcome::Produced { base, .. }) => {
+                    for (k, i) in idx.into_iter().enumerate() {
+                        results[i] = Some(Ok(Produced {
+                            partition: p,
+                            offset: base + k as u64,
+                        }));
+                    }
+                }
+                Ok(_) => return Err(BrokerError::Corrupt("unexpected commit outcome".into())),
+                Err(e) => {
+                    stale |= matches!(e, BrokerError::StaleTopic);
+                    for i in idx {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        // Nothing of a stale batch was committed; the caller retries it whole.
+        if stale && results.iter().all(|r| !matches!(r, Some(Ok(_)))) {
+            return Err(BrokerError::StaleTopic);
+        }
+        if results.iter().any(|r| matches!(r, Some(Ok(_)))) {
+            self.wakers.wake(&topic.name);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(BrokerError::Contention)))
+            .collect())
     }
 
     // ----- consume ------------------------------------------------------------------
 
-    /// Leases one message, long-polling up to `wait` (capped by the server). `None`
-    /// when nothing turned up in time. With `partition`, only that partition is tried.
+    /// Leases up to `max` messages, long-polling up to `wait` (capped by the server).
+    /// Empty when nothing turned up in time. With `partition`, only that partition is tried.
     ///
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::NoSuchPartition`],
     /// [`BrokerError::Contention`], store failures.
@@ -538,96 +687,110 @@ impl Broker {
         name: &str,
         partition: Option<u32>,
         wait: Duration,
-    ) -> BrokerResult<Option<Delivery>> {
+        max: usize,
+    ) -> BrokerResult<Vec<Delivery>> {
+        let max = max.clamp(1, MAX_CONSUME_BATCH);
         let deadline = Instant::now() + wait.min(self.opts.max_wait);
-        let waker = self.waker(name);
-        loop {
+        let waker = self.wakers.get(name);
+        let mut counted = false;
+        let result = loop {
             let notified = waker.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let topic = self.topic(name).await?;
-            let n = topic.settings.partitions;
-            let order: Vec<u32> = match partition {
-                Some(p) if p < n => vec![p],
-                Some(p) => return Err(BrokerError::NoSuchPartition(p)),
-                None => {
-                    let start =
-                        (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32;
-                    (0..n).map(|i| (start + i) % n).collect()
-                }
-            };
-            for p in order {
-                if let Some(d) = self.try_lease(&topic, p).await? {
-                    return Ok(Some(d));
-                }
+            let got = self
+                .with_topic(name, |topic| async move {
+                    self.lease_once(&topic, partition, max).await
+                })
+                .await;
+            match got {
+                Ok(d) if d.is_empty() => {}
+                other => break other,
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Ok(None);
+                break Ok(Vec::new());
+            }
+            if !counted {
+                counted = true;
+                self.waiting.fetch_add(1, Ordering::Relaxed);
             }
             let _ = tokio::time::timeout(left.min(self.opts.poll_interval), notified).await;
+        };
+        if counted {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
         }
+        result
     }
 
-    /// One attempt to lease a message on one partition.
-    async fn try_lease(&self, topic: &Topic, partition: u32) -> BrokerResult<Option<Delivery>> {
-        let s = &topic.settings;
-        let mkey = keys::manifest(&topic.name, partition);
-        // A leased message whose segment vanished (retention raced us) is skipped.
-        for _ in 0..4 {
-            let now = self.clock.now_ms();
-            let ((picked, dropped), _) =
-                manifest::update(&*self.store, &*self.ids, &mkey, &topic.incarnation, |m| {
-                    let dropped = m.apply_retention(now, s.retention_ms);
-                    let Some(offset) = pick(m, now, s) else {
-                        return Ok::<_, BrokerError>(if dropped.is_empty() {
-                            Decision::Keep((None, dropped))
-                        } else {
-                            Decision::Commit((None, dropped))
-                        });
-                    };
-                    let version = m.version;
-                    let lease = m.leases.entry(offset).or_insert(Lease {
-                        lease_id: 0,
-                        deadline_ms: 0,
-                        delivery_count: 0,
-                    });
-                    lease.lease_id = version;
-                    lease.deadline_ms = now + s.visibility_timeout_ms;
-                    lease.delivery_count += 1;
-                    let count = lease.delivery_count;
-                    let seg = m.segment_for(offset).cloned();
-                    Ok(Decision::Commit((
-                        Some((offset, version, count, seg)),
-                        dropped,
-                    )))
-                })
-                .await?;
-            self.delete_segments(&topic.name, partition, &dropped).await;
-            let Some((offset, lease_id, delivery_count, Some(seg))) = picked else {
-                return Ok(None);
+    /// One pass over the partitions, leasing up to `max` messages.
+    async fn lease_once(
+        &self,
+        topic: &Topic,
+        partition: Option<u32>,
+        max: usize,
+    ) -> BrokerResult<Vec<Delivery>> {
+        let n = topic.settings.partitions;
+        let order: Vec<u32> = match partition {
+            Some(p) if p < n => vec![p],
+            Some(p) => return Err(BrokerError::NoSuchPartition(p)),
+            None => {
+                let start =
+                    (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32;
+                (0..n).map(|i| (start + i) % n).collect()
+            }
+        };
+        let mut out = Vec::new();
+        for p in order {
+            if out.len() >= max {
+                break;
+            }
+            let grants = match self
+                .committer
+                .submit(topic, p, Op::Lease(max - out.len()))
+                .await?
+            {
+                Outcome::Leased(g) => g,
+                _ => return Err(BrokerError::Corrupt("unexpected commit outcome".into())),
             };
-            let Some(msg) = self.message(&topic.name, partition, &seg, offset).await? else {
-                continue;
-            };
-            let handle = self.receipts.sign(&Claims {
-                topic: topic.name.clone(),
-                partition,
-                offset,
-                lease_id,
-            });
-            return Ok(Some(Delivery {
-                topic: topic.name.clone(),
-                partition,
-                offset,
-                key: msg.key.clone(),
-                payload: Bytes::from(msg.payload.clone()),
-                receipt_handle: Some(handle),
-                delivery_count,
-                produced_at_ms: msg.produced_at_ms,
-            }));
+            for g in grants {
+                if let Some(d) = self.deliver(topic, p, g).await? {
+                    out.push(d);
+                }
+            }
         }
-        Ok(None)
+        Ok(out)
+    }
+
+    /// Reads a leased message and signs its handle. `None` if retention removed it
+    /// meanwhile (the lease then lapses harmlessly).
+    async fn deliver(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        g: Grant,
+    ) -> BrokerResult<Option<Delivery>> {
+        let Some(msg) = self
+            .message(&topic.name, partition, &g.segment, g.offset)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let claims = Claims {
+            topic: topic.name.clone(),
+            partition,
+            offset: g.offset,
+            lease_id: g.lease_id,
+        };
+        Ok(Some(Delivery {
+            topic: topic.name.clone(),
+            partition,
+            offset: g.offset,
+            key: msg.key,
+            payload: Bytes::from(msg.payload),
+            receipt_handle: Some(self.receipts.sign(&claims)),
+            delivery_count: g.delivery_count,
+            produced_at_ms: msg.produced_at_ms,
+        }))
     }
 
     /// Reads a retained message without reserving it, long-polling up to `wait` for an
@@ -643,37 +806,18 @@ impl Broker {
         wait: Duration,
     ) -> BrokerResult<Option<Delivery>> {
         let deadline = Instant::now() + wait.min(self.opts.max_wait);
-        let waker = self.waker(name);
+        let waker = self.wakers.get(name);
         loop {
             let notified = waker.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let topic = self.topic(name).await?;
-            if partition >= topic.settings.partitions {
-                return Err(BrokerError::NoSuchPartition(partition));
-            }
-            let m = self.read_manifest(&topic, partition).await?;
-            if offset < m.start_offset {
-                return Err(BrokerError::OffsetExpired(offset));
-            }
-            if offset < m.next_offset {
-                let seg = m
-                    .segment_for(offset)
-                    .ok_or(BrokerError::OffsetExpired(offset))?;
-                let msg = self
-                    .message(name, partition, seg, offset)
-                    .await?
-                    .ok_or(BrokerError::OffsetExpired(offset))?;
-                return Ok(Some(Delivery {
-                    topic: name.to_owned(),
-                    partition,
-                    offset,
-                    key: msg.key.clone(),
-                    payload: Bytes::from(msg.payload.clone()),
-                    receipt_handle: None,
-                    delivery_count: m.leases.get(&offset).map_or(0, |l| l.delivery_count),
-                    produced_at_ms: msg.produced_at_ms,
-                }));
+            let found = self
+                .with_topic(name, |topic| async move {
+                    self.replay_once(&topic, partition, offset).await
+                })
+                .await?;
+            if found.is_some() {
+                return Ok(found);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -681,6 +825,41 @@ impl Broker {
             }
             let _ = tokio::time::timeout(left.min(self.opts.poll_interval), notified).await;
         }
+    }
+
+    async fn replay_once(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        offset: u64,
+    ) -> BrokerResult<Option<Delivery>> {
+        if partition >= topic.settings.partitions {
+            return Err(BrokerError::NoSuchPartition(partition));
+        }
+        let m = self.read_manifest(topic, partition).await?;
+        if offset < m.start_offset {
+            return Err(BrokerError::OffsetExpired(offset));
+        }
+        if offset >= m.next_offset {
+            return Ok(None);
+        }
+        let seg = m
+            .segment_for(offset)
+            .ok_or(BrokerError::OffsetExpired(offset))?;
+        let msg = self
+            .message(&topic.name, partition, seg, offset)
+            .await?
+            .ok_or(BrokerError::OffsetExpired(offset))?;
+        Ok(Some(Delivery {
+            topic: topic.name.clone(),
+            partition,
+            offset,
+            key: msg.key,
+            payload: Bytes::from(msg.payload),
+            receipt_handle: None,
+            delivery_count: m.leases.get(&offset).map_or(0, |l| l.delivery_count),
+            produced_at_ms: msg.produced_at_ms,
+        }))
     }
 
     // ----- ack / extend / nack ------------------------------------------------------
@@ -692,65 +871,80 @@ impl Broker {
     /// [`BrokerError::LeaseGone`] (410), [`BrokerError::AckedAheadFull`] (503),
     /// [`BrokerError::TopicNotFound`].
     pub async fn settle(&self, name: &str, handle: &str, action: Settle) -> BrokerResult<()> {
+        let mut r = self
+            .settle_batch(name, &[(handle.to_owned(), action)])
+            .await?;
+        r.pop().unwrap_or(Err(BrokerError::Contention))
+    }
+
+    /// Settles many handles at once; one result per handle, in order. Handles on one
+    /// partition share a commit.
+    ///
+    /// Errors (whole batch): [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
+    pub async fn settle_batch(
+        &self,
+        name: &str,
+        entries: &[(String, Settle)],
+    ) -> BrokerResult<Vec<BrokerResult<()>>> {
         keys::validate_topic(name)?;
-        let claims = self.receipts.verify(handle, name)?;
-        let topic = self.topic(name).await?;
-        if claims.partition >= topic.settings.partitions {
-            return Err(BrokerError::LeaseGone);
+        // Signatures first: a forged handle costs no storage call.
+        let claims: Vec<Result<Claims, BrokerError>> = entries
+            .iter()
+            .map(|(h, _)| self.receipts.verify(h, name).map_err(BrokerError::from))
+            .collect();
+        if claims.iter().all(|c| c.is_err()) {
+            return Ok(claims.into_iter().map(|c| c.map(|_| ())).collect());
         }
-        let s = &topic.settings;
-        let now = self.clock.now_ms();
-        let mkey = keys::manifest(name, claims.partition);
-        manifest::update(&*self.store, &*self.ids, &mkey, &topic.incarnation, |m| {
-            let o = claims.offset;
-            let live = m
-                .leases
-                .get(&o)
-                .is_some_and(|l| l.lease_id == claims.lease_id && l.deadline_ms > now);
-            if !live {
-                return Err(BrokerError::LeaseGone);
-            }
-            match action {
-                Settle::Ack if o == m.frontier => {
-                    m.leases.remove(&o);
-                    m.frontier += 1;
-                    m.advance_frontier();
-                }
-                Settle::Ack => {
-                    if m.acked_ahead.len() >= s.max_acked_ahead_per_partition as usize {
-                        return Err(BrokerError::AckedAheadFull);
-                    }
-                    m.leases.remove(&o);
-                    m.acked_ahead.insert(o);
-                }
-                Settle::Extend | Settle::Nack => {
-                    if let Some(l) = m.leases.get_mut(&o) {
-                        l.deadline_ms = if action == Settle::Extend {
-                            now + s.visibility_timeout_ms
-                        } else {
-                            0
-                        };
-                    }
-                }
-            }
-            Ok(Decision::Commit(()))
+        let claims = Arc::new(claims);
+        self.with_topic(name, |topic| {
+            let claims = claims.clone();
+            async move { self.settle_on(&topic, entries, &claims).await }
         })
-        .await?;
-        if action != Settle::Extend {
-            // A nack frees a message; an ack may free in-flight or acked-ahead room.
-            self.wake(name);
+        .await
+    }
+
+    async fn settle_on(
+        &self,
+        topic: &Topic,
+        entries: &[(String, Settle)],
+        claims: &[Result<Claims, BrokerError>],
+    ) -> BrokerResult<Vec<BrokerResult<()>>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut results: Vec<Option<BrokerResult<()>>> = vec![None; entries.len()];
+        for (i, (c, (_, action))) in claims.iter().zip(entries).enumerate() {
+            match c {
+                Err(e) => results[i] = Some(Err(e.clone())),
+                Ok(c) if c.partition >= topic.settings.partitions => {
+                    results[i] = Some(Err(BrokerError::LeaseGone))
+                }
+                Ok(c) => {
+                    let (committer, topic) = (self.committer.clone(), topic.clone());
+                    let op = Op::Settle {
+                        offset: c.offset,
+                        lease_id: c.lease_id,
+                        action: *action,
+                    };
+                    let p = c.partition;
+                    tasks.spawn(async move { (i, committer.submit(&topic, p, op).await) });
+                }
+            }
         }
-        Ok(())
+        while let Some(joined) = tasks.join_next().await {
+            let Ok((i, r)) = joined else {
+                return Err(BrokerError::Contention);
+            };
+            if matches!(r, Err(BrokerError::StaleTopic)) {
+                return Err(BrokerError::StaleTopic);
+            }
+            results[i] = Some(r.map(|_| ()));
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(BrokerError::Contention)))
+            .collect())
     }
 
     // ----- segments -----------------------------------------------------------------
-
-    fn cache_put(&self, key: String, seg: Arc<Segment>) {
-        self.segments
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .put(key, seg);
-    }
 
     /// The message at `offset` of segment `seg`; `None` if the segment is gone.
     async fn message(
@@ -761,12 +955,7 @@ impl Broker {
         offset: u64,
     ) -> BrokerResult<Option<StoredMessage>> {
         let key = keys::segment(topic, partition, &seg.id);
-        let cached = self
-            .segments
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
+        let cached = lock(&self.segments).get(&key).cloned();
         let segment = match cached {
             Some(s) => s,
             None => {
@@ -774,7 +963,7 @@ impl Broker {
                     return Ok(None);
                 };
                 let s = Arc::new(Segment::decode(&obj.data)?);
-                self.cache_put(key, s.clone());
+                lock(&self.segments).put(key, s.clone());
                 s
             }
         };
@@ -787,30 +976,79 @@ impl Broker {
             .ok_or_else(|| BrokerError::Corrupt(format!("segment {} has no message {idx}", seg.id)))
     }
 
-    async fn delete_segments(&self, topic: &str, partition: u32, dropped: &[SegmentRef]) {
-        for seg in dropped {
-            let key = keys::segment(topic, partition, &seg.id);
-            self.segments
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop(&key);
-            if let Err(e) = self.store.delete(&key).await {
-                // Harmless: the manifest no longer names it; garbage collection retries.
-                tracing::warn!(%key, error = %e, "could not delete expired segment");
+    // ----- metrics ------------------------------------------------------------------
+
+    /// Counters in the Prometheus text format: storage requests by operation and outcome,
+    /// commits, operations per commit, long-poll waiters.
+    pub fn metrics_text(&self) -> String {
+        let c = self.metered.counts();
+        let s = &self.committer.stats;
+        let mut out = String::new();
+        out.push_str(
+            "# HELP narad_storage_requests_total Storage requests by operation and outcome.\n",
+        );
+        out.push_str("# TYPE narad_storage_requests_total counter\n");
+        for (i, op) in OPS.iter().enumerate() {
+            for (j, outcome) in OUTCOMES.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "narad_storage_requests_total{{op=\"{op}\",outcome=\"{outcome}\"}} {}",
+                    c.0[i][j]
+                );
             }
         }
+        let commits = s.commits.load(Ordering::Relaxed);
+        let ops = s.committed_ops.load(Ordering::Relaxed);
+        let gauges = [
+            (
+                "narad_commits_total",
+                "counter",
+                "Manifest writes that landed.",
+                commits as f64,
+            ),
+            (
+                "narad_committed_operations_total",
+                "counter",
+                "Operations carried by those writes.",
+                ops as f64,
+            ),
+            (
+                "narad_commit_batches_total",
+                "counter",
+                "Group-commit batches processed.",
+                s.batches.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_conflicts_total",
+                "counter",
+                "Conditional writes that lost a race (412/409).",
+                c.failed_puts() as f64,
+            ),
+            (
+                "narad_operations_per_commit",
+                "gauge",
+                "Average operations per landed commit.",
+                if commits == 0 {
+                    0.0
+                } else {
+                    ops as f64 / commits as f64
+                },
+            ),
+            (
+                "narad_long_poll_waiters",
+                "gauge",
+                "Consumers waiting in a long poll now.",
+                self.waiting.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, kind, help, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        out
     }
-}
-
-/// The offset a consume should lease now, by the flow-control rules.
-fn pick(m: &Manifest, now: u64, s: &TopicSettings) -> Option<u64> {
-    if m.in_flight(now) >= s.max_in_flight_per_partition as usize {
-        return None;
-    }
-    if m.acked_ahead.len() >= s.max_acked_ahead_per_partition as usize {
-        return m.is_available(m.frontier, now).then_some(m.frontier);
-    }
-    (m.frontier..m.next_offset).find(|&o| m.is_available(o, now))
 }
 
 /// The partition a key maps to: the first 8 bytes of SHA-256(key), big-endian, modulo

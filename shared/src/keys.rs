@@ -17,7 +17,7 @@ pub const TOPICS_PREFIX: &str = "topics/";
 pub const RECEIPT_KEY: &str = "system/receipt-key.json";
 
 /// Why a topic name was refused.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("invalid topic name: {0}")]
 pub struct InvalidTopic(pub &'static str);
 

@@ -15,6 +15,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod commit;
 pub mod config;
 pub mod engine;
 pub mod keys;

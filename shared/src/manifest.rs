@@ -20,8 +20,13 @@
 //! [`update`] re-reads the manifest and, if its own write id is there, treats the
 //! write as committed instead of applying the operation twice.
 //!
-//! A manifest whose `incarnation` differs from the topic's is a leftover of a deleted
-//! topic of the same name; [`update`] and [`read`] treat it as empty.
+//! A manifest whose `incarnation` sorts before the topic's is a leftover of a deleted
+//! topic of the same name; [`update`] and [`read`] treat it as empty. One that sorts
+//! after it means the caller's view of the topic is stale: [`UpdateError::Superseded`].
+//!
+//! [`commit`] is the same protocol for a caller that keeps the last snapshot cached (the
+//! group committer): it writes speculatively against the cached ETag and re-reads only
+//! when that write loses.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -31,7 +36,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::IdSource;
-use crate::store::{Store, StoreError};
+use crate::store::{Fetched, Object, Store, StoreError};
 
 /// How many recent write ids a manifest remembers for lost-response recovery.
 pub const RECENT_WRITES: usize = 16;
@@ -187,6 +192,10 @@ pub enum UpdateError<E> {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The stored manifest belongs to a newer incarnation of the topic: the caller's view
+    /// of the topic is stale (it was deleted and created again).
+    #[error("the topic was re-created; reload it")]
+    Superseded,
     /// The stored manifest does not parse.
     #[error("corrupt manifest: {0}")]
     Corrupt(String),
@@ -202,6 +211,9 @@ pub struct Snapshot {
 }
 
 /// Reads the manifest at `key` for topic incarnation `incarnation`.
+///
+/// Errors: [`UpdateError::Superseded`] when the stored manifest belongs to a newer
+/// incarnation (incarnation ids sort by creation time).
 pub async fn read<E>(
     store: &dyn Store,
     key: &str,
@@ -212,23 +224,57 @@ pub async fn read<E>(
             manifest: Manifest::empty(incarnation),
             etag: None,
         }),
-        Some(obj) => {
-            let stored: Manifest = serde_json::from_slice(&obj.data)
-                .map_err(|e| UpdateError::Corrupt(e.to_string()))?;
-            let manifest = if stored.incarnation == incarnation {
-                stored
-            } else {
-                // Left over from a deleted topic of the same name: start afresh, but keep
-                // the version climbing so no two states share bytes.
-                Manifest {
-                    version: stored.version,
-                    ..Manifest::empty(incarnation)
-                }
+        Some(obj) => parse(obj, incarnation),
+    }
+}
+
+fn parse<E>(obj: Object, incarnation: &str) -> Result<Snapshot, UpdateError<E>> {
+    let stored: Manifest =
+        serde_json::from_slice(&obj.data).map_err(|e| UpdateError::Corrupt(e.to_string()))?;
+    let manifest = match stored.incarnation.as_str().cmp(incarnation) {
+        std::cmp::Ordering::Equal => stored,
+        std::cmp::Ordering::Greater => return Err(UpdateError::Superseded),
+        // Left over from a deleted topic of the same name: start afresh, but keep the
+        // version climbing so no two states share bytes.
+        std::cmp::Ordering::Less => Manifest {
+            version: stored.version,
+            ..Manifest::empty(incarnation)
+        },
+    };
+    Ok(Snapshot {
+        manifest,
+        etag: Some(obj.etag),
+    })
+}
+
+/// Makes sure `snap` is the current stored state: a conditional read that costs no body
+/// transfer when nothing changed. Returns `true` if `snap` was already current.
+async fn refresh<E>(
+    store: &dyn Store,
+    key: &str,
+    incarnation: &str,
+    snap: &mut Snapshot,
+) -> Result<bool, UpdateError<E>> {
+    let fetched = match &snap.etag {
+        Some(etag) => store.get_if_changed(key, etag).await?,
+        None => match store.get(key).await? {
+            None => Fetched::Missing,
+            Some(o) => Fetched::Object(o),
+        },
+    };
+    match fetched {
+        Fetched::Unchanged => Ok(true),
+        Fetched::Missing if snap.etag.is_none() => Ok(true),
+        Fetched::Missing => {
+            *snap = Snapshot {
+                manifest: Manifest::empty(incarnation),
+                etag: None,
             };
-            Ok(Snapshot {
-                manifest,
-                etag: Some(obj.etag),
-            })
+            Ok(false)
+        }
+        Fetched::Object(o) => {
+            *snap = parse(o, incarnation)?;
+            Ok(false)
         }
     }
 }
@@ -241,21 +287,50 @@ pub async fn read<E>(
 /// Returns the op's value and the manifest as committed (or as read, for `Keep`).
 ///
 /// Errors: the op's own error as [`UpdateError::Rejected`]; [`UpdateError::Contention`]
-/// after [`MAX_ATTEMPTS`] lost races; [`UpdateError::Store`] when the store fails, including
-/// an ambiguous write that a re-read cannot confirm.
+/// after [`MAX_ATTEMPTS`] lost races; [`UpdateError::Superseded`]; [`UpdateError::Store`]
+/// when the store fails, including an ambiguous write that a re-read cannot confirm.
 pub async fn update<T, E>(
     store: &dyn Store,
     ids: &dyn IdSource,
     key: &str,
     incarnation: &str,
+    op: impl FnMut(&mut Manifest) -> Result<Decision<T>, E>,
+) -> Result<(T, Manifest), UpdateError<E>> {
+    commit(store, ids, key, incarnation, &mut None, op).await
+}
+
+/// [`update`] with a cached snapshot, for a caller that writes one manifest repeatedly
+/// (the group committer). The first attempt applies `op` to `cache` speculatively, with
+/// no read: a successful conditional write proves the cache was current. A `Keep`
+/// decision taken on the cache is confirmed with a conditional read first. On return
+/// `cache` holds the latest known state (or `None` after an error).
+pub async fn commit<T, E>(
+    store: &dyn Store,
+    ids: &dyn IdSource,
+    key: &str,
+    incarnation: &str,
+    cache: &mut Option<Snapshot>,
     mut op: impl FnMut(&mut Manifest) -> Result<Decision<T>, E>,
 ) -> Result<(T, Manifest), UpdateError<E>> {
+    let (mut snap, mut fresh) = match cache.take() {
+        Some(s) => (s, false),
+        None => (read(store, key, incarnation).await?, true),
+    };
     for attempt in 0..MAX_ATTEMPTS {
-        let snap = read(store, key, incarnation).await?;
         let mut next = snap.manifest.clone();
         next.version += 1;
         let value = match op(&mut next).map_err(UpdateError::Rejected)? {
-            Decision::Keep(v) => return Ok((v, snap.manifest)),
+            Decision::Keep(v) => {
+                if !fresh {
+                    fresh = true;
+                    if !refresh(store, key, incarnation, &mut snap).await? {
+                        continue;
+                    }
+                }
+                let m = snap.manifest.clone();
+                *cache = Some(snap);
+                return Ok((v, m));
+            }
             Decision::Commit(v) => v,
         };
         let write_id = ids.new_id();
@@ -272,23 +347,33 @@ pub async fn update<T, E>(
             Some(etag) => store.put_if_match(key, body, etag).await,
         };
         match put {
-            Ok(_) => return Ok((value, next)),
-            Err(StoreError::Conflict) | Err(StoreError::NotFound) => backoff(attempt).await,
+            Ok(etag) => {
+                *cache = Some(Snapshot {
+                    manifest: next.clone(),
+                    etag: Some(etag),
+                });
+                return Ok((value, next));
+            }
+            Err(StoreError::Conflict) | Err(StoreError::NotFound) => {
+                // A stale cache is expected to miss once: re-read at once. Real races back off.
+                if fresh {
+                    backoff(attempt).await;
+                }
+                snap = read(store, key, incarnation).await?;
+                fresh = true;
+            }
             Err(StoreError::Unavailable(why)) => {
                 // The write may have landed. Look for our write id before retrying.
-                match store.get(key).await {
-                    Ok(Some(obj)) => {
-                        let landed = serde_json::from_slice::<Manifest>(&obj.data)
-                            .map(|m| m.recent_writes.contains(&write_id))
-                            .unwrap_or(false);
-                        if landed {
-                            return Ok((value, next));
-                        }
-                        backoff(attempt).await;
-                    }
-                    Ok(None) => backoff(attempt).await,
-                    Err(_) => return Err(UpdateError::Store(StoreError::Unavailable(why))),
+                let Ok(current) = read::<E>(store, key, incarnation).await else {
+                    return Err(UpdateError::Store(StoreError::Unavailable(why)));
+                };
+                if current.manifest.recent_writes.contains(&write_id) {
+                    *cache = Some(current);
+                    return Ok((value, next));
                 }
+                snap = current;
+                fresh = true;
+                backoff(attempt).await;
             }
             Err(e) => return Err(UpdateError::Store(e)),
         }
@@ -393,21 +478,24 @@ mod tests {
     async fn other_incarnation_reads_as_empty() {
         let store = MemoryStore::new();
         let ids = SequentialIds::default();
-        update::<_, ()>(&store, &ids, "m", "old", |m| {
+        update::<_, ()>(&store, &ids, "m", "a-old", |m| {
             m.next_offset = 7;
             Ok(Decision::Commit(()))
         })
         .await
         .unwrap();
-        let snap = read::<()>(&store, "m", "new").await.unwrap();
+        let snap = read::<()>(&store, "m", "b-new").await.unwrap();
         assert_eq!(snap.manifest.next_offset, 0);
         assert_eq!(snap.manifest.version, 1);
-        let (_, m) = update::<_, ()>(&store, &ids, "m", "new", |_| Ok(Decision::Commit(())))
+        let (_, m) = update::<_, ()>(&store, &ids, "m", "b-new", |_| Ok(Decision::Commit(())))
             .await
             .unwrap();
         assert_eq!(
             (m.version, m.next_offset, m.incarnation.as_str()),
-            (2, 0, "new")
+            (2, 0, "b-new")
         );
+        // The old incarnation's view is stale now.
+        let stale = read::<()>(&store, "m", "a-old").await;
+        assert!(matches!(stale, Err(UpdateError::Superseded)));
     }
 }

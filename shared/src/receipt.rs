@@ -47,7 +47,7 @@ struct Signed {
 }
 
 /// A handle that cannot be accepted.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
 pub enum ReceiptError {
     /// Not a receipt handle at all.
     #[error("malformed receipt handle")]

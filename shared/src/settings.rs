@@ -59,7 +59,7 @@ pub struct SettingsInput {
 }
 
 /// A setting out of range, or an attempt to change a fixed one.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct InvalidSetting(pub String);
 

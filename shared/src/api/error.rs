@@ -82,7 +82,7 @@ impl From<BrokerError> for ApiError {
             BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),
             BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
             BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),
-            BrokerError::Contention => Self::unavailable("busy", msg),
+            BrokerError::Contention | BrokerError::StaleTopic => Self::unavailable("busy", msg),
             BrokerError::Store(StoreError::Unavailable(detail)) => {
                 tracing::warn!(%detail, "storage unavailable");
                 Self::unavailable(

@@ -22,14 +22,16 @@ use axum::{Json, Router};
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 pub use error::ApiError;
 
 use crate::config::Credential;
-use crate::engine::{Broker, Delivery, PartitionStats, Settle, Topic};
+use crate::engine::{
+    Broker, BrokerError, Delivery, NewMessage, PartitionStats, Settle, Topic, MAX_CONSUME_BATCH,
+};
 use crate::payload;
 use crate::settings::{SettingsInput, TopicSettings};
 
@@ -65,11 +67,13 @@ pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
                 .delete(delete_topic),
         )
         .route("/v1/topics/{topic}/produce", post(produce))
+        .route("/v1/topics/{topic}/produce-batch", post(produce_batch))
         .route("/v1/topics/{topic}/consume", get(consume))
         .route("/v1/topics/{topic}/ack", post(ack))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -78,6 +82,18 @@ pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
 
 async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
+}
+
+/// `GET /metrics`: Prometheus text format (no auth; no topic names or payloads).
+async fn metrics(State(s): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.broker.metrics_text(),
+    )
+        .into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -369,15 +385,16 @@ async fn produce(
     Ok((StatusCode::CREATED, Json(produced)).into_response())
 }
 
-/// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]]`: 200 with one
-/// message and its receipt handle, or 204; with `offset`, a read-only replay.
+/// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]][&max=N]`: 200
+/// with one message and its receipt handle, or 204; with `offset`, a read-only replay;
+/// with `max`, up to that many messages as `{"messages":[...]}`.
 async fn consume(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
-    let q = query(raw, &["wait", "partition", "offset"])?;
+    let q = query(raw, &["wait", "partition", "offset", "max"])?;
     let wait = q
         .get("wait")
         .map(|w| parse_wait(w))
@@ -385,44 +402,243 @@ async fn consume(
         .unwrap_or(Duration::ZERO);
     let partition = parse_u32(&q, "partition")?;
     let offset = parse_u64(&q, "offset")?;
-    let delivery = match (partition, offset) {
-        (p, None) => s.broker.consume(&name, p, wait).await?,
-        (Some(p), Some(o)) => s.broker.replay(&name, p, o, wait).await?,
+    let max = parse_u32(&q, "max")?;
+    if max.is_some_and(|m| m == 0 || m as usize > MAX_CONSUME_BATCH) {
+        return Err(ApiError::bad_request(format!(
+            "max must be between 1 and {MAX_CONSUME_BATCH}"
+        )));
+    }
+    let deliveries = match (partition, offset) {
+        (p, None) => {
+            s.broker
+                .consume(&name, p, wait, max.unwrap_or(1) as usize)
+                .await?
+        }
+        (Some(p), Some(o)) => {
+            if max.is_some() {
+                return Err(ApiError::bad_request("max does not apply to a replay"));
+            }
+            s.broker
+                .replay(&name, p, o, wait)
+                .await?
+                .into_iter()
+                .collect()
+        }
         (None, Some(_)) => {
             return Err(ApiError::bad_request(
                 "offset needs partition (replay is by partition and offset)",
             ))
         }
     };
-    Ok(match delivery {
-        Some(d) => Json(MessageView::from(d)).into_response(),
-        None => StatusCode::NO_CONTENT.into_response(),
+    if deliveries.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let mut views: Vec<MessageView> = deliveries.into_iter().map(MessageView::from).collect();
+    Ok(match max {
+        Some(_) => Json(serde_json::json!({ "messages": views })).into_response(),
+        None => Json(views.swap_remove(0)).into_response(),
     })
 }
 
 /// `POST /v1/topics/{topic}/ack?receipt_handle=H[&extend=true|0]`: ack (204), extend
 /// (`extend=true`, 204), nack (`extend=0`, 204); 410 when the lease is not yours any
 /// more; 503 when the acked-ahead window is full.
+///
+/// Without `receipt_handle` in the query, the body is a batch:
+/// `{"receipt_handles":["h1","h2"],"extend":true|0}` (extend optional), answered 200 with
+/// `{"results":[{"status":204},{"status":410,"error":{...}}]}` in the same order.
 async fn ack(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
     let q = query(raw, &["receipt_handle", "extend"])?;
-    let handle = q
-        .get("receipt_handle")
-        .ok_or_else(|| ApiError::bad_request("receipt_handle is required"))?;
-    let action = match q.get("extend").map(String::as_str) {
-        None => Settle::Ack,
-        Some("true") => Settle::Extend,
-        Some("0") => Settle::Nack,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "extend must be true (renew the lease) or 0 (give the message back), got {other:?}"
-            )))
+    let Some(handle) = q.get("receipt_handle") else {
+        if q.contains_key("extend") {
+            return Err(ApiError::bad_request("receipt_handle is required"));
         }
+        return ack_batch(s, name, headers, body).await;
     };
+    let action = parse_extend(q.get("extend").map(String::as_str))?;
     s.broker.settle(&name, handle, action).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn parse_extend(v: Option<&str>) -> Result<Settle, ApiError> {
+    match v {
+        None => Ok(Settle::Ack),
+        Some("true") => Ok(Settle::Extend),
+        Some("0") => Ok(Settle::Nack),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "extend must be true (renew the lease) or 0 (give the message back), got {other:?}"
+        ))),
+    }
+}
+
+/// Largest batch body (API Gateway's own limit is 10 MB).
+const MAX_BATCH_BODY: usize = 10 << 20;
+/// Most entries in one batch request.
+const MAX_BATCH_ENTRIES: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBatch {
+    receipt_handles: Vec<String>,
+    #[serde(default)]
+    extend: Option<serde_json::Value>,
+}
+
+async fn ack_batch(
+    s: AppState,
+    name: String,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "receipt_handle is required (or a JSON body {\"receipt_handles\":[...]} to settle many)",
+        ));
+    }
+    let batch: AckBatch = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid ack batch: {e}")))?;
+    if batch.receipt_handles.is_empty() || batch.receipt_handles.len() > MAX_BATCH_ENTRIES {
+        return Err(ApiError::bad_request(format!(
+            "receipt_handles must hold 1 to {MAX_BATCH_ENTRIES} handles"
+        )));
+    }
+    let extend = match &batch.extend {
+        None => None,
+        Some(serde_json::Value::Bool(true)) => Some("true"),
+        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(0) => Some("0"),
+        Some(other) => Some(if other.as_str() == Some("true") {
+            "true"
+        } else if other.as_str() == Some("0") {
+            "0"
+        } else {
+            "invalid"
+        }),
+    };
+    let action = parse_extend(extend)?;
+    let entries: Vec<(String, Settle)> = batch
+        .receipt_handles
+        .into_iter()
+        .map(|h| (h, action))
+        .collect();
+    let results = s.broker.settle_batch(&name, &entries).await?;
+    let out: Vec<serde_json::Value> = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(()) => serde_json::json!({"status": 204}),
+            Err(e) => entry_error(e),
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "results": out })).into_response())
+}
+
+fn entry_error(e: BrokerError) -> serde_json::Value {
+    let e = ApiError::from(e);
+    serde_json::json!({"status": e.status.as_u16(), "error": {"code": e.code, "message": e.message}})
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProduceBatch {
+    messages: Vec<BatchMessage>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchMessage {
+    payload: Box<RawValue>,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    partition: Option<u32>,
+}
+
+/// `POST /v1/topics/{topic}/produce-batch`: body
+/// `{"messages":[{"payload":<JSON value>,"key":"k","partition":0},
+///               {"payload":"aGk=","payload_encoding":"base64"}]}`.
+/// A `payload` is stored as its exact JSON text (consumers get it back verbatim); with
+/// `"payload_encoding":"base64"` it must be a string and its decoded bytes are stored.
+/// Answers 200 `{"results":[{"status":201,"partition":P,"offset":O}, ...]}` in order;
+/// messages for one partition are committed together with contiguous offsets.
+async fn produce_batch(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    query(raw, &[])?;
+    let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
+    let batch: ProduceBatch = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid produce batch: {e}")))?;
+    if batch.messages.is_empty() || batch.messages.len() > MAX_BATCH_ENTRIES {
+        return Err(ApiError::bad_request(format!(
+            "messages must hold 1 to {MAX_BATCH_ENTRIES} messages"
+        )));
+    }
+    let mut messages = Vec::with_capacity(batch.messages.len());
+    for (i, m) in batch.messages.into_iter().enumerate() {
+        if m.key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}]: key exceeds {MAX_KEY_BYTES} bytes"
+            )));
+        }
+        let payload = match m.payload_encoding.as_deref() {
+            None => Bytes::copy_from_slice(m.payload.get().as_bytes()),
+            Some("base64") => {
+                let text: String = serde_json::from_str(m.payload.get()).map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "messages[{i}]: a base64 payload must be a JSON string"
+                    ))
+                })?;
+                Bytes::from(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(text.as_bytes())
+                        .map_err(|_| {
+                            ApiError::bad_request(format!(
+                                "messages[{i}]: payload is not valid base64"
+                            ))
+                        })?,
+                )
+            }
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}]: payload_encoding must be \"base64\" or absent, got {other:?}"
+                )))
+            }
+        };
+        if payload.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "empty_payload",
+                format!("messages[{i}] is empty"),
+            ));
+        }
+        messages.push(NewMessage {
+            partition: m.partition,
+            key: m.key,
+            payload,
+        });
+    }
+    let results = s.broker.produce_batch(&name, messages).await?;
+    let out: Vec<serde_json::Value> = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(p) => {
+                serde_json::json!({"status": 201, "partition": p.partition, "offset": p.offset})
+            }
+            Err(e) => entry_error(e),
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "results": out })).into_response())
 }

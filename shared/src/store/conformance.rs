@@ -110,13 +110,25 @@ async fn put_if_match_on_missing_is_not_found(s: &dyn Store, p: &str) {
 async fn get_if_changed_is_conditional(s: &dyn Store, p: &str) {
     use super::Fetched;
     let key = format!("{p}/cond/x");
-    assert!(matches!(s.get_if_changed(&key, "abc").await.unwrap(), Fetched::Missing));
-    let e1 = s.put_if_absent(&key, Bytes::from_static(b"1")).await.unwrap();
+    assert!(matches!(
+        s.get_if_changed(&key, "abc").await.unwrap(),
+        Fetched::Missing
+    ));
+    let e1 = s
+        .put_if_absent(&key, Bytes::from_static(b"1"))
+        .await
+        .unwrap();
     assert!(
-        matches!(s.get_if_changed(&key, &e1).await.unwrap(), Fetched::Unchanged),
+        matches!(
+            s.get_if_changed(&key, &e1).await.unwrap(),
+            Fetched::Unchanged
+        ),
         "same ETag must be Unchanged"
     );
-    let e2 = s.put_if_match(&key, Bytes::from_static(b"2"), &e1).await.unwrap();
+    let e2 = s
+        .put_if_match(&key, Bytes::from_static(b"2"), &e1)
+        .await
+        .unwrap();
     match s.get_if_changed(&key, &e1).await.unwrap() {
         Fetched::Object(o) => {
             assert_eq!(&o.data[..], b"2");

@@ -56,7 +56,7 @@ pub enum Fetched {
 }
 
 /// What can go wrong talking to a store.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// A conditional write lost: the object exists (`put_if_absent`) or changed (`put_if_match`).
     #[error("conditional write conflict")]
