@@ -14,7 +14,8 @@
 //!
 //! Before taking a batch the committer waits `linger` (default 2 ms, like Kafka's
 //! `linger.ms`) so that operations arriving together share a commit even when the store
-//! answers faster than clients come back.
+//! answers faster than clients come back. It lingers only while the partition is busy
+//! (the previous batch held more than one operation), so a lone client pays no delay.
 //!
 //! A produce batch also re-checks the topic's settings object (a conditional GET, 304
 //! when unchanged) so no message is committed into a topic that was deleted and created
@@ -44,8 +45,9 @@ pub const MAX_BATCH_BYTES: usize = 8 << 20;
 /// One operation on one partition.
 #[derive(Debug)]
 pub enum Op {
-    /// Append messages (in order, contiguous offsets).
-    Produce(Vec<StoredMessage>),
+    /// Append messages in order. A message whose idempotency key the partition still
+    /// remembers is not appended again: it gets the offset of the first produce.
+    Produce(Vec<NewStored>),
     /// Lease up to this many available messages.
     Lease(usize),
     /// Ack, extend or nack the lease `lease_id` on `offset`.
@@ -57,6 +59,15 @@ pub enum Op {
         /// What to do.
         action: Settle,
     },
+}
+
+/// A message to append, with its optional idempotency key.
+#[derive(Debug, Clone)]
+pub struct NewStored {
+    /// The message.
+    pub message: StoredMessage,
+    /// `Idempotency-Key`: a retry with the same key within the window appends nothing.
+    pub idempotency_key: Option<String>,
 }
 
 /// A lease granted by a commit.
@@ -75,13 +86,8 @@ pub struct Grant {
 /// What an operation got.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    /// Offsets `base .. base + count` were assigned.
-    Produced {
-        /// First offset.
-        base: u64,
-        /// Number of messages.
-        count: u32,
-    },
+    /// The offset of each message, in order (a duplicate gets its first offset).
+    Produced(Vec<u64>),
     /// Leases granted (possibly none).
     Leased(Vec<Grant>),
     /// The settle took effect.
@@ -98,7 +104,7 @@ struct Pending {
 impl Pending {
     fn bytes(&self) -> usize {
         match &self.op {
-            Op::Produce(msgs) => msgs.iter().map(|m| m.payload.len()).sum(),
+            Op::Produce(msgs) => msgs.iter().map(|m| m.message.payload.len()).sum(),
             _ => 0,
         }
     }
@@ -109,6 +115,8 @@ struct QueueState {
     pending: Vec<Pending>,
     running: bool,
     cache: Option<Snapshot>,
+    /// Operations in the previous batch: lingering pays only when there is company.
+    last_batch: usize,
 }
 
 struct Queue {
@@ -216,7 +224,8 @@ impl Committer {
     /// Commits batches until the queue is empty.
     async fn drain(self: Arc<Self>, q: Arc<Queue>) {
         loop {
-            if !self.linger.is_zero() {
+            let busy = lock(&q.state).last_batch > 1;
+            if busy && !self.linger.is_zero() {
                 tokio::time::sleep(self.linger).await;
             }
             let (batch, cache) = {
@@ -235,6 +244,7 @@ impl Committer {
                     n += 1;
                 }
                 let batch: Vec<Pending> = st.pending.drain(..n).collect();
+                st.last_batch = batch.len();
                 (batch, st.cache.take())
             };
             let cache = self.run_batch(&q, batch, cache).await;
@@ -261,50 +271,60 @@ impl Committer {
             ops.push((p.op, p.settings, p.reply));
         }
         let retention = ops.first().map_or(u64::MAX, |o| o.1.retention_ms);
+        let dedup_window = ops.first().map_or(0, |o| o.1.dedup_window_ms);
 
-        // 1. One segment for every produce in the batch.
-        let mut messages: Vec<StoredMessage> = Vec::new();
-        let mut counts: Vec<u32> = Vec::with_capacity(ops.len());
-        for (op, _, _) in ops.iter_mut() {
-            if let Op::Produce(msgs) = op {
-                counts.push(msgs.len() as u32);
-                messages.append(msgs);
-            } else {
-                counts.push(0);
+        // Plan every produced message: into the segment, or a known duplicate.
+        let mut plan = Plan::new(&ops, cache.as_ref().map(|c| &c.manifest), now);
+        let mut result = None;
+        for _ in 0..4 {
+            // 1. One segment for every new message in the batch.
+            let mut segment: Option<SegmentRef> = None;
+            let mut refused: Option<BrokerError> = None;
+            let fresh = plan.segment_messages(&ops);
+            if !fresh.is_empty() {
+                match self
+                    .write_segment(q, topic_etag.as_deref().unwrap_or(""), fresh)
+                    .await
+                {
+                    Ok(seg) => segment = Some(seg),
+                    Err(e) => refused = Some(e),
+                }
+            }
+            // 2. One manifest commit for everything.
+            let r = manifest::commit(
+                &*self.store,
+                &*self.ids,
+                &q.key,
+                &q.incarnation,
+                &mut cache,
+                |m| {
+                    apply(
+                        m,
+                        now,
+                        retention,
+                        dedup_window,
+                        &ops,
+                        &plan,
+                        segment.as_ref(),
+                        refused.as_ref(),
+                    )
+                },
+            )
+            .await;
+            match r {
+                // Another writer committed some of our idempotency keys first: those are
+                // duplicates now. Rewrite the segment without them and try again.
+                Err(UpdateError::Rejected(Abort::Duplicates(found))) => {
+                    plan.mark_duplicates(&ops, &found);
+                    continue;
+                }
+                other => {
+                    result = Some(other);
+                    break;
+                }
             }
         }
-        let mut segment: Option<SegmentRef> = None;
-        let mut refused: Option<BrokerError> = None;
-        if !messages.is_empty() {
-            match self
-                .write_segment(q, topic_etag.as_deref().unwrap_or(""), messages)
-                .await
-            {
-                Ok(seg) => segment = Some(seg),
-                Err(e) => refused = Some(e),
-            }
-        }
-
-        // 2. One manifest commit for everything.
-        let result = manifest::commit(
-            &*self.store,
-            &*self.ids,
-            &q.key,
-            &q.incarnation,
-            &mut cache,
-            |m| {
-                Ok::<_, BrokerError>(apply(
-                    m,
-                    now,
-                    retention,
-                    &ops,
-                    &counts,
-                    segment.as_ref(),
-                    refused.as_ref(),
-                ))
-            },
-        )
-        .await;
+        let result = result.unwrap_or(Err(UpdateError::Contention));
 
         // 3. Answer.
         match result {
@@ -331,7 +351,14 @@ impl Committer {
                 cache
             }
             Err(e) => {
-                let e = BrokerError::from(e);
+                let e = match e {
+                    UpdateError::Rejected(Abort::Duplicates(_)) | UpdateError::Contention => {
+                        BrokerError::Contention
+                    }
+                    UpdateError::Superseded => BrokerError::StaleTopic,
+                    UpdateError::Store(e) => BrokerError::Store(e),
+                    UpdateError::Corrupt(e) => BrokerError::Corrupt(e),
+                };
                 for (_, _, reply) in ops {
                     let _ = reply.send(Err(e.clone()));
                 }
@@ -391,43 +418,188 @@ impl Committer {
 
 type BatchResult = (Vec<BrokerResult<Outcome>>, Vec<SegmentRef>, bool);
 
+/// Why [`apply`] gave up on an attempt.
+#[derive(Debug)]
+enum Abort {
+    /// These idempotency keys were committed by someone else meanwhile (key, offset).
+    Duplicates(Vec<(String, u64)>),
+}
+
+/// Where each produced message goes.
+#[derive(Debug, Clone)]
+enum Slot {
+    /// Index into the batch's segment.
+    New(usize),
+    /// Already committed at this offset.
+    Dup(u64),
+    /// Same idempotency key as an earlier message of this batch.
+    Same(String),
+}
+
+/// The per-message plan of a batch's produces.
+struct Plan {
+    slots: Vec<Vec<Slot>>,
+}
+
+impl Plan {
+    /// Known duplicates come from the cached manifest (a key there is certainly
+    /// committed); repeats within the batch share the first message's offset.
+    fn new(
+        ops: &[(Op, TopicSettings, oneshot::Sender<BrokerResult<Outcome>>)],
+        cached: Option<&Manifest>,
+        now: u64,
+    ) -> Self {
+        let mut seen = std::collections::HashSet::new();
+        let mut n = 0;
+        let slots = ops
+            .iter()
+            .map(|(op, _, _)| match op {
+                Op::Produce(msgs) => msgs
+                    .iter()
+                    .map(|m| match &m.idempotency_key {
+                        Some(k) => {
+                            if let Some(o) = cached.and_then(|c| c.dedup_lookup(k, now)) {
+                                Slot::Dup(o)
+                            } else if !seen.insert(k.clone()) {
+                                Slot::Same(k.clone())
+                            } else {
+                                n += 1;
+                                Slot::New(n - 1)
+                            }
+                        }
+                        None => {
+                            n += 1;
+                            Slot::New(n - 1)
+                        }
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        Self { slots }
+    }
+
+    /// The messages planned as new, in segment order (renumbering the slots).
+    fn segment_messages(
+        &mut self,
+        ops: &[(Op, TopicSettings, oneshot::Sender<BrokerResult<Outcome>>)],
+    ) -> Vec<StoredMessage> {
+        let mut out = Vec::new();
+        for ((op, _, _), slots) in ops.iter().zip(self.slots.iter_mut()) {
+            if let Op::Produce(msgs) = op {
+                for (m, slot) in msgs.iter().zip(slots.iter_mut()) {
+                    if let Slot::New(i) = slot {
+                        *i = out.len();
+                        out.push(m.message.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Turns the planned-new messages with these keys into duplicates of `offset`.
+    fn mark_duplicates(
+        &mut self,
+        ops: &[(Op, TopicSettings, oneshot::Sender<BrokerResult<Outcome>>)],
+        found: &[(String, u64)],
+    ) {
+        let found: HashMap<&str, u64> = found.iter().map(|(k, o)| (k.as_str(), *o)).collect();
+        for ((op, _, _), slots) in ops.iter().zip(self.slots.iter_mut()) {
+            if let Op::Produce(msgs) = op {
+                for (m, slot) in msgs.iter().zip(slots.iter_mut()) {
+                    if let (Slot::New(_), Some(o)) = (
+                        &slot,
+                        m.idempotency_key.as_deref().and_then(|k| found.get(k)),
+                    ) {
+                        *slot = Slot::Dup(*o);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Applies a batch to a manifest copy. Pure: called again on every retry.
+#[allow(clippy::too_many_arguments)]
 fn apply(
     m: &mut Manifest,
     now: u64,
     retention_ms: u64,
+    dedup_window_ms: u64,
     ops: &[(Op, TopicSettings, oneshot::Sender<BrokerResult<Outcome>>)],
-    counts: &[u32],
+    plan: &Plan,
     segment: Option<&SegmentRef>,
     refused: Option<&BrokerError>,
-) -> Decision<BatchResult> {
+) -> Result<Decision<BatchResult>, Abort> {
     let mut results: Vec<Option<BrokerResult<Outcome>>> = vec![None; ops.len()];
     let dropped = m.apply_retention(now, retention_ms);
     let mut changed = !dropped.is_empty();
     let mut wake = false;
 
     // Produces first, so leases in the same batch can see the new messages.
+    let base = m.next_offset;
     if let Some(seg) = segment {
+        // A key this batch writes as new but the manifest already holds: someone else
+        // committed it first. Abort so the caller rewrites the segment without it.
+        let mut dups = Vec::new();
+        for ((op, _, _), slots) in ops.iter().zip(&plan.slots) {
+            if let Op::Produce(msgs) = op {
+                for (msg, slot) in msgs.iter().zip(slots) {
+                    if let (Slot::New(_), Some(k)) = (slot, &msg.idempotency_key) {
+                        if let Some(o) = m.dedup_lookup(k, now) {
+                            dups.push((k.clone(), o));
+                        }
+                    }
+                }
+            }
+        }
+        if !dups.is_empty() {
+            return Err(Abort::Duplicates(dups));
+        }
         let mut r = seg.clone();
-        r.base_offset = m.next_offset;
+        r.base_offset = base;
+        m.next_offset += u64::from(seg.count);
         m.segments.push(r);
         changed = true;
         wake = true;
     }
-    for (i, (op, _, _)) in ops.iter().enumerate() {
-        if matches!(op, Op::Produce(_)) {
-            results[i] = Some(match (segment, refused) {
-                (Some(_), _) => {
-                    let base = m.next_offset;
-                    m.next_offset += u64::from(counts[i]);
-                    Ok(Outcome::Produced {
-                        base,
-                        count: counts[i],
-                    })
+    let mut assigned: HashMap<String, u64> = HashMap::new();
+    for (i, ((op, _, _), slots)) in ops.iter().zip(&plan.slots).enumerate() {
+        let Op::Produce(msgs) = op else { continue };
+        if segment.is_none() && slots.iter().any(|s| matches!(s, Slot::New(_))) {
+            let e = refused
+                .cloned()
+                .unwrap_or(BrokerError::Corrupt("produce without a segment".into()));
+            results[i] = Some(Err(e));
+            continue;
+        }
+        let mut offsets = Vec::with_capacity(msgs.len());
+        for (msg, slot) in msgs.iter().zip(slots) {
+            let offset = match slot {
+                Slot::New(j) => {
+                    let o = base + *j as u64;
+                    if let Some(k) = &msg.idempotency_key {
+                        m.dedup_insert(k.clone(), o, now + dedup_window_ms, now);
+                        assigned.insert(k.clone(), o);
+                    }
+                    o
                 }
-                (None, Some(e)) => Err(e.clone()),
-                (None, None) => Err(BrokerError::Corrupt("produce without a segment".into())),
-            });
+                Slot::Dup(o) => *o,
+                Slot::Same(k) => {
+                    match assigned.get(k).copied().or_else(|| m.dedup_lookup(k, now)) {
+                        Some(o) => o,
+                        None => {
+                            results[i] = Some(Err(BrokerError::Contention));
+                            break;
+                        }
+                    }
+                }
+            };
+            offsets.push(offset);
+        }
+        if results[i].is_none() {
+            results[i] = Some(Ok(Outcome::Produced(offsets)));
         }
     }
     // Then settles, which may free in-flight room for the leases.
@@ -498,11 +670,11 @@ fn apply(
         .into_iter()
         .map(|r| r.unwrap_or(Err(BrokerError::Contention)))
         .collect();
-    if changed {
+    Ok(if changed {
         Decision::Commit((results, dropped, wake))
     } else {
         Decision::Keep((results, dropped, wake))
-    }
+    })
 }
 
 /// Acks, extends or nacks one lease, by the rules in the engine's documentation.

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use crate::clock::{Clock, IdSource};
-use crate::commit::{Committer, Grant, Op, Outcome};
+use crate::commit::{Committer, Grant, NewStored, Op, Outcome};
 use crate::keys::{self, InvalidTopic};
 use crate::manifest::{self, Manifest, SegmentRef};
 use crate::receipt::{Claims, ReceiptError, Receipts};
@@ -169,6 +169,10 @@ pub struct NewMessage {
     pub key: Option<String>,
     /// Raw payload.
     pub payload: Bytes,
+    /// `Idempotency-Key`: a retry within the topic's dedup window appends nothing and
+    /// answers the first produce's partition and offset. Without `partition` or `key`
+    /// it also picks the partition (by hash), so retries reach the same partition.
+    pub idempotency_key: Option<String>,
 }
 
 /// Where a produced message landed.
@@ -551,28 +555,14 @@ impl Broker {
     // ----- produce ------------------------------------------------------------------
 
     /// Appends one message and answers once the manifest write that makes it visible
-    /// has committed. The partition is `partition` if given, else the one `key` hashes
-    /// to ([`partition_for_key`]), else the next in this process's round-robin.
+    /// has committed. The partition is `msg.partition` if given, else the one its key
+    /// hashes to ([`partition_for_key`]), else the one its idempotency key hashes to,
+    /// else the next in this process's round-robin.
     ///
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::NoSuchPartition`],
     /// [`BrokerError::PayloadTooLarge`], [`BrokerError::Contention`], store failures.
-    pub async fn produce(
-        &self,
-        name: &str,
-        partition: Option<u32>,
-        key: Option<String>,
-        payload: Bytes,
-    ) -> BrokerResult<Produced> {
-        let mut r = self
-            .produce_batch(
-                name,
-                vec![NewMessage {
-                    partition,
-                    key,
-                    payload,
-                }],
-            )
-            .await?;
+    pub async fn produce(&self, name: &str, msg: NewMessage) -> BrokerResult<Produced> {
+        let mut r = self.produce_batch(name, vec![msg]).await?;
         r.pop().unwrap_or(Err(BrokerError::Contention))
     }
 
@@ -616,18 +606,26 @@ impl Broker {
                     continue;
                 }
                 (None, Some(k)) => partition_for_key(k, n),
-                (None, None) => {
-                    (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
-                }
+                (None, None) => match &m.idempotency_key {
+                    Some(k) => partition_for_key(k, n),
+                    None => {
+                        (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
+                    }
+                },
             };
             by_partition.entry(p).or_default().push(i);
         }
         let mut tasks = tokio::task::JoinSet::new();
         for (p, idx) in by_partition {
-            let stored: Vec<StoredMessage> = idx
+            let stored: Vec<NewStored> = idx
                 .iter()
-                .map(|&i| {
-                    StoredMessage::new(now, messages[i].key.clone(), messages[i].payload.to_vec())
+                .map(|&i| NewStored {
+                    message: StoredMessage::new(
+                        now,
+                        messages[i].key.clone(),
+                        messages[i].payload.to_vec(),
+                    ),
+                    idempotency_key: messages[i].idempotency_key.clone(),
                 })
                 .collect();
             let (committer, topic) = (self.committer.clone(), topic.clone());
@@ -645,11 +643,11 @@ impl Broker {
                 return Err(BrokerError::Contention);
             };
             match outcome {
-                Ok(Outcome::Produced { base, .. }) => {
-                    for (k, i) in idx.into_iter().enumerate() {
+                Ok(Outcome::Produced(offsets)) => {
+                    for (offset, i) in offsets.into_iter().zip(idx) {
                         results[i] = Some(Ok(Produced {
                             partition: p,
-                            offset: base + k as u64,
+                            offset,
                         }));
                     }
                 }

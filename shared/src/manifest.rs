@@ -69,6 +69,18 @@ pub struct Lease {
     pub delivery_count: u32,
 }
 
+/// A remembered `Idempotency-Key`: the offset its produce got, until `expires_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dedup {
+    /// Offset the first produce with this key got.
+    pub offset: u64,
+    /// Wall-clock ms after which the key is forgotten.
+    pub expires_ms: u64,
+}
+
+/// Most idempotency keys one manifest remembers; past it the soonest to expire go first.
+pub const MAX_DEDUP_KEYS: usize = 5000;
+
 /// A partition's whole mutable state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -90,6 +102,9 @@ pub struct Manifest {
     pub leases: BTreeMap<u64, Lease>,
     /// Offsets acked above the frontier.
     pub acked_ahead: BTreeSet<u64>,
+    /// Idempotency keys of recent produces.
+    #[serde(default)]
+    pub dedup: BTreeMap<String, Dedup>,
 }
 
 impl Manifest {
@@ -105,6 +120,34 @@ impl Manifest {
             segments: Vec::new(),
             leases: BTreeMap::new(),
             acked_ahead: BTreeSet::new(),
+            dedup: BTreeMap::new(),
+        }
+    }
+
+    /// The offset a produce with idempotency key `key` got, if still remembered at `now_ms`.
+    pub fn dedup_lookup(&self, key: &str, now_ms: u64) -> Option<u64> {
+        self.dedup
+            .get(key)
+            .filter(|d| d.expires_ms > now_ms)
+            .map(|d| d.offset)
+    }
+
+    /// Remembers `key` → `offset` until `expires_ms`, forgetting expired keys and, past
+    /// [`MAX_DEDUP_KEYS`], those that expire soonest.
+    pub fn dedup_insert(&mut self, key: String, offset: u64, expires_ms: u64, now_ms: u64) {
+        self.dedup.retain(|_, d| d.expires_ms > now_ms);
+        self.dedup.insert(key, Dedup { offset, expires_ms });
+        if self.dedup.len() > MAX_DEDUP_KEYS {
+            let mut by_expiry: Vec<(u64, String)> = self
+                .dedup
+                .iter()
+                .map(|(k, d)| (d.expires_ms, k.clone()))
+                .collect();
+            by_expiry.sort();
+            let excess = self.dedup.len() - MAX_DEDUP_KEYS;
+            for (_, k) in by_expiry.into_iter().take(excess) {
+                self.dedup.remove(&k);
+            }
         }
     }
 

@@ -7,6 +7,11 @@
 //! | `max_in_flight_per_partition` | 1000 | 1–10000 | yes |
 //! | `max_acked_ahead_per_partition` | 1000 | 1–10000 | yes |
 //! | `retention_ms` | 7 days | 1 s – 365 days | yes |
+//! | `dedup_window_ms` | 5 min | 1 s – 1 day | yes |
+//! | `max_deliveries` | 0 (no limit) | 0–1000 | yes |
+//! | `dead_letter_topic` | none | a topic name; `""` clears it | yes |
+//!
+//! `max_deliveries` needs a `dead_letter_topic`: a message is never dropped silently.
 //!
 //! Unknown settings are refused, so a typo never silently falls back to a default.
 
@@ -28,6 +33,19 @@ pub struct TopicSettings {
     pub max_acked_ahead_per_partition: u32,
     /// Messages older than this are deleted.
     pub retention_ms: u64,
+    /// How long a produce's `Idempotency-Key` is remembered.
+    #[serde(default = "default_dedup_window")]
+    pub dedup_window_ms: u64,
+    /// Deliveries without an ack before a message moves to the dead-letter topic; 0: no limit.
+    #[serde(default)]
+    pub max_deliveries: u32,
+    /// Where messages go after `max_deliveries` deliveries.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+}
+
+fn default_dedup_window() -> u64 {
+    5 * 60 * 1000
 }
 
 impl Default for TopicSettings {
@@ -38,6 +56,9 @@ impl Default for TopicSettings {
             max_in_flight_per_partition: 1000,
             max_acked_ahead_per_partition: 1000,
             retention_ms: 7 * 24 * 3600 * 1000,
+            dedup_window_ms: default_dedup_window(),
+            max_deliveries: 0,
+            dead_letter_topic: None,
         }
     }
 }
@@ -56,6 +77,12 @@ pub struct SettingsInput {
     pub max_acked_ahead_per_partition: Option<u32>,
     /// See [`TopicSettings::retention_ms`].
     pub retention_ms: Option<u64>,
+    /// See [`TopicSettings::dedup_window_ms`].
+    pub dedup_window_ms: Option<u64>,
+    /// See [`TopicSettings::max_deliveries`].
+    pub max_deliveries: Option<u32>,
+    /// See [`TopicSettings::dead_letter_topic`]; `""` clears it.
+    pub dead_letter_topic: Option<String>,
 }
 
 /// A setting out of range, or an attempt to change a fixed one.
@@ -113,6 +140,15 @@ impl SettingsInput {
         if let Some(v) = self.retention_ms {
             s.retention_ms = v;
         }
+        if let Some(v) = self.dedup_window_ms {
+            s.dedup_window_ms = v;
+        }
+        if let Some(v) = self.max_deliveries {
+            s.max_deliveries = v;
+        }
+        if let Some(v) = &self.dead_letter_topic {
+            s.dead_letter_topic = (!v.is_empty()).then(|| v.clone());
+        }
     }
 }
 
@@ -147,6 +183,17 @@ pub fn validate(s: &TopicSettings) -> Result<(), InvalidSetting> {
         10_000,
     )?;
     check("retention_ms", s.retention_ms, 1000, 365 * 24 * 3600 * 1000)?;
+    check("dedup_window_ms", s.dedup_window_ms, 1000, 24 * 3600 * 1000)?;
+    check("max_deliveries", s.max_deliveries.into(), 0, 1000)?;
+    if let Some(t) = &s.dead_letter_topic {
+        crate::keys::validate_topic(t)
+            .map_err(|e| InvalidSetting(format!("dead_letter_topic: {e}")))?;
+    }
+    if s.max_deliveries > 0 && s.dead_letter_topic.is_none() {
+        return Err(InvalidSetting(
+            "max_deliveries needs a dead_letter_topic: messages are never dropped silently".into(),
+        ));
+    }
     Ok(())
 }
 

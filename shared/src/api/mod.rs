@@ -356,7 +356,9 @@ async fn delete_topic(
 }
 
 /// `POST /v1/topics/{topic}/produce[?partition=N][&key=K]`: body = one message's bytes;
-/// 201 `{"partition":P,"offset":O}` once committed.
+/// 201 `{"partition":P,"offset":O}` once committed. With an `Idempotency-Key` header, a
+/// retry within the topic's `dedup_window_ms` answers the first produce's partition and
+/// offset and appends nothing.
 async fn produce(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -381,7 +383,24 @@ async fn produce(
             "the request body (the message) is empty",
         ));
     }
-    let produced = s.broker.produce(&name, partition, key, payload).await?;
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(k) if valid_idempotency_key(k) => Some(k.to_owned()),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+                )))
+            }
+        },
+    };
+    let msg = NewMessage {
+        partition,
+        key,
+        payload,
+        idempotency_key,
+    };
+    let produced = s.broker.produce(&name, msg).await?;
     Ok((StatusCode::CREATED, Json(produced)).into_response())
 }
 
@@ -560,6 +579,15 @@ struct BatchMessage {
     key: Option<String>,
     #[serde(default)]
     partition: Option<u32>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+/// Longest `Idempotency-Key` accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+fn valid_idempotency_key(k: &str) -> bool {
+    !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY && k.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// `POST /v1/topics/{topic}/produce-batch`: body
@@ -624,7 +652,16 @@ async fn produce_batch(
                 format!("messages[{i}] is empty"),
             ));
         }
+        if m.idempotency_key
+            .as_ref()
+            .is_some_and(|k| !valid_idempotency_key(k))
+        {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}]: idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+            )));
+        }
         messages.push(NewMessage {
+            idempotency_key: m.idempotency_key,
             partition: m.partition,
             key: m.key,
             payload,
