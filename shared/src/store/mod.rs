@@ -25,6 +25,7 @@
 //! Every backend must pass [`conformance::run_all`].
 
 pub mod conformance;
+pub mod fault;
 pub mod file;
 pub mod memory;
 pub mod metered;
