@@ -39,6 +39,19 @@ enum Command {
         #[arg(long)]
         store: Option<String>,
     },
+    /// Garbage-collect a store: apply retention everywhere, delete orphan segments older
+    /// than the grace period and leftovers of deleted topics. Prints a JSON report.
+    Gc {
+        /// Store URL [env: NARAD_STORE; default file://./narad-data].
+        #[arg(long)]
+        store: Option<String>,
+        /// How old an unreferenced segment must be before it is deleted (e.g. 30m, 2h).
+        #[arg(long, default_value = "30m")]
+        grace: String,
+        /// Report what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Benchmark a server on a store: throughput, latency, storage requests per message.
     Bench {
         /// Store URL to benchmark (file://PATH, memory://, s3://BUCKET[/PREFIX]).
@@ -81,6 +94,11 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve { listen, store } => serve(listen, store).await,
+        Command::Gc {
+            store,
+            grace,
+            dry_run,
+        } => gc(store, &grace, dry_run).await,
         Command::Bench {
             store,
             messages,
@@ -157,6 +175,35 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("server error: {e}"))
+}
+
+async fn gc(store_url: Option<String>, grace: &str, dry_run: bool) -> Result<(), String> {
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(s) = store_url {
+        cfg.store = s;
+    }
+    let grace = humantime::parse_duration(grace).map_err(|e| format!("--grace {grace:?}: {e}"))?;
+    let store = store::open(&cfg.store)
+        .await
+        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
+    let broker = Broker::new(
+        store,
+        cfg.clock(),
+        Arc::new(RandomIds),
+        cfg.receipt_keys.clone(),
+        cfg.broker.clone(),
+    )
+    .await
+    .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let report = broker
+        .gc(grace, dry_run)
+        .await
+        .map_err(|e| format!("gc failed: {e}"))?;
+    println!(
+        "{}",
+        serde_json::to_string(&report).map_err(|e| e.to_string())?
+    );
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -39,6 +39,10 @@ use crate::segment::{Segment, StoredMessage};
 use crate::settings::TopicSettings;
 use crate::store::{DynStore, Fetched};
 
+/// A segment older than this is never committed (garbage collection's grace period,
+/// [`crate::gc::DEFAULT_GRACE`], is far longer).
+pub const MAX_SEGMENT_AGE_AT_COMMIT_MS: u64 = 5 * 60 * 1000;
+
 /// Payload bytes one commit takes at most (one operation always fits, whatever its size).
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
 
@@ -290,6 +294,15 @@ impl Committer {
                     Err(e) => refused = Some(e),
                 }
             }
+            // A segment must never be committed after garbage collection could have
+            // taken it for an orphan: if this process stalled since writing it, give up.
+            if let Some(seg) = &segment {
+                let written = keys::segment_time(&seg.id).unwrap_or(0);
+                if self.clock.now_ms().saturating_sub(written) > MAX_SEGMENT_AGE_AT_COMMIT_MS {
+                    segment = None;
+                    refused = Some(BrokerError::Contention);
+                }
+            }
             // 2. One manifest commit for everything.
             let r = manifest::commit(
                 &*self.store,
@@ -401,7 +414,7 @@ impl Committer {
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
         let count = messages.len() as u32;
         let seg = Segment { messages };
-        let id = self.ids.new_id();
+        let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
         // Written before the commit; if the commit never lands this object is an orphan.
         self.store
             .put_if_absent(&keys::segment(&q.topic, q.partition, &id), seg.encode()?)

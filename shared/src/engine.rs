@@ -263,14 +263,14 @@ pub const MAX_CONSUME_BATCH: usize = 100;
 
 /// The broker. Cheap to share behind an `Arc`.
 pub struct Broker {
-    store: DynStore,
+    pub(crate) store: DynStore,
     metered: Arc<MeteredStore>,
-    clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
     ids: Arc<dyn IdSource>,
     receipts: Receipts,
     opts: BrokerOptions,
     wakers: Arc<Wakers>,
-    committer: Arc<Committer>,
+    pub(crate) committer: Arc<Committer>,
     segments: Mutex<lru::LruCache<String, Arc<Segment>>>,
     topics: Mutex<HashMap<String, (Instant, Topic)>>,
     round_robin: AtomicU64,
@@ -365,7 +365,7 @@ impl Broker {
     }
 
     /// Reads a topic's settings from the store, refreshing the cache.
-    async fn load_topic(&self, name: &str) -> BrokerResult<Topic> {
+    pub(crate) async fn load_topic(&self, name: &str) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
         let Some(obj) = self.store.get(&keys::topic_settings(name)).await? else {
             lock(&self.topics).remove(name);
@@ -546,7 +546,11 @@ impl Broker {
         Ok(out)
     }
 
-    async fn read_manifest(&self, topic: &Topic, partition: u32) -> BrokerResult<Manifest> {
+    pub(crate) async fn read_manifest(
+        &self,
+        topic: &Topic,
+        partition: u32,
+    ) -> BrokerResult<Manifest> {
         let key = keys::manifest(&topic.name, partition);
         let snap = manifest::read::<BrokerError>(&*self.store, &key, &topic.incarnation).await?;
         Ok(snap.manifest)

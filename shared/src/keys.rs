@@ -60,6 +60,17 @@ pub fn segment(topic: &str, partition: u32, id: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/{partition}/segments/{id}")
 }
 
+/// A segment id: the write time (ms, 13 digits, so ids sort by age) and a unique part.
+/// Garbage collection reads the age back with [`segment_time`].
+pub fn segment_id(now_ms: u64, unique: &str) -> String {
+    format!("{now_ms:013}-{unique}")
+}
+
+/// When the segment with this id was written, if the id carries a time.
+pub fn segment_time(id: &str) -> Option<u64> {
+    id.split_once('-').and_then(|(t, _)| t.parse().ok())
+}
+
 /// The topic name in a key `topics/{topic}/topic.json`, if that is what `key` is.
 pub fn topic_of_settings_key(key: &str) -> Option<&str> {
     key.strip_prefix(TOPICS_PREFIX)?
@@ -77,6 +88,9 @@ mod tests {
         assert_eq!(manifest("orders", 3), "topics/orders/3/manifest.json");
         assert_eq!(segment("orders", 0, "abc"), "topics/orders/0/segments/abc");
         assert_eq!(topic_prefix("orders"), "topics/orders/");
+        assert_eq!(segment_id(1_795_953_600_000, "abc"), "1795953600000-abc");
+        assert_eq!(segment_time("1795953600000-abc"), Some(1_795_953_600_000));
+        assert_eq!(segment_time("abc"), None);
         assert_eq!(
             topic_of_settings_key("topics/orders/topic.json"),
             Some("orders")

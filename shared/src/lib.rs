@@ -18,6 +18,7 @@ pub mod clock;
 pub mod commit;
 pub mod config;
 pub mod engine;
+pub mod gc;
 pub mod keys;
 pub mod manifest;
 pub mod payload;

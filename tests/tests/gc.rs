@@ -1,0 +1,141 @@
+//! Garbage collection: orphan segments are collected after the grace period and never
+//! before; retention runs on idle partitions; leftovers of deleted topics go.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use narad_shared::clock::{Clock, ManualClock, RandomIds};
+use narad_shared::engine::{Broker, BrokerError, BrokerOptions, NewMessage, Settle};
+use narad_shared::gc::DEFAULT_GRACE;
+use narad_shared::keys;
+use narad_shared::settings::SettingsInput;
+use narad_shared::store::fault::{FaultPlan, FaultStore};
+use narad_shared::store::DynStore;
+use narad_tests::{test_store, T0};
+
+const MIN: u64 = 60_000;
+
+async fn broker(store: DynStore, clock: &ManualClock) -> Broker {
+    Broker::new(
+        store,
+        Arc::new(clock.clone()) as Arc<dyn Clock>,
+        Arc::new(RandomIds),
+        vec![b"gc-test-receipt-key-0123456789".to_vec()],
+        BrokerOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+fn msg(s: &str) -> NewMessage {
+    NewMessage {
+        partition: Some(0),
+        key: None,
+        payload: Bytes::from(s.to_owned()),
+        idempotency_key: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_collected_after_the_grace_period_and_never_before() {
+    let (inner, _dir) = test_store().await;
+    // Every conditional write on this store loses (as if another writer always won), so
+    // a produce writes its segment and never commits it: a real orphan.
+    let always_conflict = FaultPlan {
+        error_before: 0.0,
+        error_after: 0.0,
+        conflict: 1.0,
+        max_latency: Duration::ZERO,
+    };
+    let faulty = FaultStore::new(inner.clone(), always_conflict, 1);
+    faulty.set_enabled(false);
+    let clock = ManualClock::new(T0);
+    let b = broker(faulty.clone(), &clock).await;
+    b.create_topic("t", &SettingsInput::default())
+        .await
+        .unwrap();
+    b.produce("t", msg("kept-1")).await.unwrap();
+    b.produce("t", msg("kept-2")).await.unwrap();
+
+    faulty.set_enabled(true);
+    let r = b.produce("t", msg("never-committed")).await;
+    assert!(matches!(r, Err(BrokerError::Contention)), "{r:?}");
+    faulty.set_enabled(false);
+    // A second orphan written straight into the store, as a crashed process would leave it.
+    let stray = keys::segment("t", 0, &keys::segment_id(clock.now_ms(), "crashed"));
+    inner
+        .put_if_absent(&stray, Bytes::from_static(b"NSG1"))
+        .await
+        .unwrap();
+    let segments = || async { inner.list("topics/t/0/segments/").await.unwrap().len() };
+    assert_eq!(segments().await, 4);
+
+    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(
+        (g.orphans_deleted, g.orphans_kept),
+        (0, 2),
+        "young orphans are kept: {g:?}"
+    );
+    clock.advance(29 * MIN);
+    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(
+        (g.orphans_deleted, g.orphans_kept),
+        (0, 2),
+        "still inside the grace period: {g:?}"
+    );
+    assert_eq!(segments().await, 4);
+    clock.advance(2 * MIN);
+    let dry = b.gc(DEFAULT_GRACE, true).await.unwrap();
+    assert_eq!(dry.orphans_deleted, 2);
+    assert_eq!(segments().await, 4, "a dry run deletes nothing");
+    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!((g.orphans_deleted, g.orphans_kept), (2, 0), "{g:?}");
+    assert_eq!(segments().await, 2, "only referenced segments remain");
+    // Referenced segments are never touched, however old.
+    clock.advance(24 * 60 * MIN);
+    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(g.orphans_deleted, 0);
+    for want in ["kept-1", "kept-2"] {
+        let d = b
+            .consume("t", None, Duration::ZERO, 1)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        assert_eq!(&d.payload[..], want.as_bytes());
+        b.settle("t", d.receipt_handle.as_deref().unwrap(), Settle::Ack)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_runs_on_idle_partitions_and_leftovers_go() {
+    let (store, _dir) = test_store().await;
+    let clock = ManualClock::new(T0);
+    let b = broker(store.clone(), &clock).await;
+    let settings = SettingsInput::parse(br#"{"retention_ms":60000}"#).unwrap();
+    b.create_topic("r", &settings).await.unwrap();
+    b.produce("r", msg("old")).await.unwrap();
+    clock.advance(2 * MIN);
+    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(g.expired_segments, 1, "{g:?}");
+    assert!(matches!(
+        b.replay("r", 0, 0, Duration::ZERO).await,
+        Err(BrokerError::OffsetExpired(0))
+    ));
+    assert!(store.list("topics/r/0/segments/").await.unwrap().is_empty());
+
+    // An interrupted delete leaves objects without topic.json behind.
+    b.create_topic("gone", &SettingsInput::default())
+        .await
+        .unwrap();
+    b.produce("gone", msg("x")).await.unwrap();
+    store.delete(&keys::topic_settings("gone")).await.unwrap();
+    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(g.leftovers_deleted, 2, "manifest and segment: {g:?}");
+    assert!(store.list("topics/gone/").await.unwrap().is_empty());
+    assert_eq!(g.topics, 1);
+}
