@@ -6,14 +6,28 @@
 //! directory, `memory://`, or `s3://BUCKET[/PREFIX]` (a random sub-prefix per server, so
 //! tests never see each other's objects). [`narad_binary`] finds the real `narad`
 //! executable for tests that run it as a process.
+//!
+//! **External mode.** When `NARAD_TEST_URL` is set (e.g.
+//! `http://127.0.0.1:9000/lambda-url/narad-api`, the `narad-api` function under
+//! `cargo lambda watch`), [`Server::start`] starts nothing and targets that URL instead:
+//! - `NARAD_TEST_STORE` is then the exact store URL the external server uses (for tests
+//!   that inspect objects), not a base for random sub-prefixes;
+//! - `NARAD_TEST_CLOCK_FILE` is the file the external server reads its time from (its
+//!   `NARAD_TEST_CLOCK_FILE`); the server's [`TestClock`] writes it;
+//! - `NARAD_TEST_SERVER_ENV` (optional) is a `KEY=VALUE` file with the external server's
+//!   configuration, so [`Server::start_with_or_skip`] knows which options it has.
+//!
+//! Every test then shares one server and one store, so run them with `--test-threads=1`:
+//! [`Server::start`] deletes every topic and resets the clock to [`T0`] first.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use narad_shared::clock::{Clock, ManualClock, RandomIds};
-use narad_shared::config::Credential;
+use narad_shared::config::{Config, Credential};
 use narad_shared::engine::{Broker, BrokerOptions};
 use narad_shared::store::{self, DynStore};
 use reqwest::StatusCode;
@@ -70,23 +84,108 @@ fn uuid_like() -> String {
     RandomIds.new_id()
 }
 
+/// The external server's base URL (`NARAD_TEST_URL`), when tests run in external mode.
+pub fn external_url() -> Option<String> {
+    std::env::var("NARAD_TEST_URL")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().trim_end_matches('/').to_owned())
+}
+
+/// In external mode, prints `skipped in external mode: needs X` and returns true: the
+/// caller returns at once. Outside external mode, returns false.
+pub fn skip_in_external_mode(needs: &str) -> bool {
+    if external_url().is_some() {
+        println!("skipped in external mode: needs {needs}");
+        true
+    } else {
+        false
+    }
+}
+
+/// A test's clock: a [`ManualClock`] shared with an in-process server, or the file an
+/// external server reads its time from (`NARAD_TEST_CLOCK_FILE`). Clones share the time.
+#[derive(Debug, Clone)]
+pub enum TestClock {
+    /// In-process time.
+    Manual(ManualClock),
+    /// Time written to a file on every change (see `narad_shared::clock::FileClock`).
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The time last written.
+        now: Arc<AtomicU64>,
+    },
+}
+
+impl TestClock {
+    /// A manual clock at `start_ms`.
+    pub fn manual(start_ms: u64) -> Self {
+        Self::Manual(ManualClock::new(start_ms))
+    }
+
+    /// A clock kept in `path`, set to `start_ms` now.
+    pub fn file(path: impl Into<PathBuf>, start_ms: u64) -> Self {
+        let c = Self::File {
+            path: path.into(),
+            now: Arc::new(AtomicU64::new(start_ms)),
+        };
+        c.set(start_ms);
+        c
+    }
+
+    /// Moves time forward by `ms`.
+    pub fn advance(&self, ms: u64) {
+        match self {
+            Self::Manual(c) => c.advance(ms),
+            Self::File { now, .. } => self.set(now.load(Ordering::SeqCst) + ms),
+        }
+    }
+
+    /// Sets the time.
+    pub fn set(&self, ms: u64) {
+        match self {
+            Self::Manual(c) => c.set(ms),
+            Self::File { path, now } => {
+                now.store(ms, Ordering::SeqCst);
+                // Write then rename, so a reader never sees a half-written number.
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, ms.to_string()).unwrap();
+                std::fs::rename(&tmp, path).unwrap();
+            }
+        }
+    }
+}
+
+impl Clock for TestClock {
+    fn now_ms(&self) -> u64 {
+        match self {
+            Self::Manual(c) => c.now_ms(),
+            Self::File { now, .. } => now.load(Ordering::SeqCst),
+        }
+    }
+}
+
 /// A running test server.
 pub struct Server {
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or the external server's URL (which may have a path).
     pub base: String,
     /// The server's clock; advance it to expire leases.
-    pub clock: ManualClock,
+    pub clock: TestClock,
     /// The store under the server.
     pub store: DynStore,
     /// HTTP client with no auth preset.
     pub http: reqwest::Client,
     _dir: Option<tempfile::TempDir>,
-    task: tokio::task::JoinHandle<()>,
+    /// The in-process server; `None` in external mode.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -112,23 +211,110 @@ impl Default for Options {
 }
 
 impl Server {
-    /// A server on a fresh store with default options.
+    /// A server on a fresh store with default options; in external mode, the external
+    /// server, with every topic deleted and the clock at [`T0`].
     pub async fn start() -> Self {
         Self::start_with(Options::default()).await
     }
 
     /// A server on a fresh store.
+    ///
+    /// In external mode `opts` must be what the external server is configured with (it
+    /// panics otherwise); use [`Server::start_with_or_skip`] for options it may lack.
     pub async fn start_with(opts: Options) -> Self {
+        if let Some(url) = external_url() {
+            if let Err(diff) = external_options_match(&opts) {
+                panic!("the external server is not configured with {diff}: use start_with_or_skip");
+            }
+            return Self::external(url).await;
+        }
         let (store, dir) = test_store().await;
-        Self::start_on(store, dir, opts, ManualClock::new(T0)).await
+        Self::start_on(store, dir, opts, TestClock::manual(T0)).await
     }
 
-    /// A server on `store` (e.g. another server's, to act as a second process).
+    /// Like [`Server::start_with`], but in external mode, when the external server is not
+    /// configured with `opts`, prints `skipped in external mode: needs server option …`
+    /// and returns `None`.
+    pub async fn start_with_or_skip(opts: Options) -> Option<Self> {
+        if external_url().is_some() {
+            if let Err(diff) = external_options_match(&opts) {
+                println!("skipped in external mode: needs server option {diff}");
+                return None;
+            }
+        }
+        Some(Self::start_with(opts).await)
+    }
+
+    /// An in-process server on a fresh store of its own, even in external mode (e.g. a
+    /// foreign server whose handles the server under test must refuse).
+    pub async fn start_local_with(opts: Options) -> Self {
+        let (store, dir) = if external_url().is_some() {
+            local_store_beside_external().await
+        } else {
+            test_store().await
+        };
+        Self::start_on(store, dir, opts, TestClock::manual(T0)).await
+    }
+
+    /// The external server at `url`, cleaned for a new test.
+    async fn external(url: String) -> Self {
+        let store_url = std::env::var("NARAD_TEST_STORE")
+            .expect("external mode needs NARAD_TEST_STORE: the store URL the server uses");
+        let store = store::open(&store_url).await.unwrap();
+        let clock_file = std::env::var("NARAD_TEST_CLOCK_FILE").expect(
+            "external mode needs NARAD_TEST_CLOCK_FILE: the file the server reads time from",
+        );
+        let s = Self {
+            base: url,
+            clock: TestClock::file(clock_file, T0),
+            store,
+            http: http_client(),
+            _dir: None,
+            task: None,
+        };
+        s.delete_every_topic().await;
+        s
+    }
+
+    /// Deletes every topic through the API, then any object left under `topics/`.
+    async fn delete_every_topic(&self) {
+        let r = self
+            .req(reqwest::Method::GET, "/v1/topics")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::OK,
+            "list topics on the external server"
+        );
+        let v: Value = r.json().await.unwrap();
+        for t in v["topics"].as_array().cloned().unwrap_or_default() {
+            let name = t["name"].as_str().unwrap();
+            let r = self
+                .req(reqwest::Method::DELETE, &format!("/v1/topics/{name}"))
+                .send()
+                .await
+                .unwrap();
+            assert!(
+                r.status().is_success() || r.status() == StatusCode::NOT_FOUND,
+                "delete {name}: {}",
+                r.status()
+            );
+        }
+        for key in self.store.list("topics/").await.unwrap() {
+            self.store.delete(&key).await.unwrap();
+        }
+    }
+
+    /// An in-process server on `store` (e.g. another server's, to act as a second
+    /// process), on `clock`. In external mode this runs beside the external server, on
+    /// its store and its clock file.
     pub async fn start_on(
         store: DynStore,
         dir: Option<tempfile::TempDir>,
         opts: Options,
-        clock: ManualClock,
+        clock: TestClock,
     ) -> Self {
         let broker = Broker::new(
             store.clone(),
@@ -153,12 +339,9 @@ impl Server {
             base: format!("http://{addr}"),
             clock,
             store,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
+            http: http_client(),
             _dir: dir,
-            task,
+            task: Some(task),
         }
     }
 
@@ -198,15 +381,21 @@ impl Server {
         query: &str,
         body: impl Into<reqwest::Body>,
     ) -> (u32, u64) {
-        let r = self
-            .req(
-                reqwest::Method::POST,
-                &format!("/v1/topics/{topic}/produce?{query}"),
-            )
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let body: reqwest::Body = body.into();
+        let mut req = self.req(
+            reqwest::Method::POST,
+            &format!("/v1/topics/{topic}/produce?{query}"),
+        );
+        // The Lambda emulator answers 500 to a body that is not UTF-8 and has no
+        // Content-Type (it cannot tell it is binary), so say so in external mode.
+        if external_url().is_some()
+            && body
+                .as_bytes()
+                .is_some_and(|b| std::str::from_utf8(b).is_err())
+        {
+            req = req.header("content-type", "application/octet-stream");
+        }
+        let r = req.body(body).send().await.unwrap();
         let status = r.status();
         let v: Value = r.json().await.unwrap();
         assert_eq!(status, StatusCode::CREATED, "produce: {v}");
@@ -275,6 +464,65 @@ impl Server {
     }
 }
 
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// The external server's configuration: `NARAD_TEST_SERVER_ENV` (`KEY=VALUE` lines, as
+/// given to `cargo lambda watch --env-file`), or the defaults when unset.
+fn external_config() -> Config {
+    let vars: std::collections::HashMap<String, String> =
+        match std::env::var("NARAD_TEST_SERVER_ENV") {
+            Ok(path) if !path.is_empty() => std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("NARAD_TEST_SERVER_ENV {path}: {e}"))
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect(),
+            _ => Default::default(),
+        };
+    Config::from_lookup(|k| vars.get(k).cloned()).unwrap()
+}
+
+/// Ok when the external server runs with `opts`; otherwise the first option that differs.
+fn external_options_match(opts: &Options) -> Result<(), String> {
+    let cfg = external_config();
+    let (want, have) = (&opts.broker, &cfg.broker);
+    if want.max_message_bytes != have.max_message_bytes {
+        return Err(format!("max_message_bytes={}", want.max_message_bytes));
+    }
+    if want.max_wait != have.max_wait {
+        return Err(format!("max_wait={:?}", want.max_wait));
+    }
+    if want.poll_interval != have.poll_interval {
+        return Err(format!("poll_interval={:?}", want.poll_interval));
+    }
+    if opts.receipt_keys != cfg.receipt_keys {
+        return Err("receipt_keys (another receipt key)".into());
+    }
+    Ok(())
+}
+
+/// A fresh store for an in-process server in external mode: a random prefix beside the
+/// external server's (never under its `topics/`).
+async fn local_store_beside_external() -> (DynStore, Option<tempfile::TempDir>) {
+    match std::env::var("NARAD_TEST_STORE") {
+        Ok(url) if url.starts_with("s3://") => {
+            let url = format!("{}-local/t-{}", url.trim_end_matches('/'), uuid_like());
+            (store::open(&url).await.unwrap(), None)
+        }
+        _ => {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("file://{}", dir.path().display());
+            (store::open(&url).await.unwrap(), Some(dir))
+        }
+    }
+}
+
 /// `name=value`, percent-encoded.
 pub fn serde_urlencoded_pair(name: &str, value: &str) -> String {
     let mut s = String::from(name);
@@ -289,10 +537,16 @@ pub fn serde_urlencoded_pair(name: &str, value: &str) -> String {
     s
 }
 
-/// Sends a raw HTTP/1.1 request with test credentials; returns the status code.
+/// Sends a raw HTTP/1.1 request with test credentials; returns the status code. `path`
+/// goes after `base`'s own path, if it has one (`http://HOST:PORT/lambda-url/fn`).
 pub async fn raw_status(base: &str, method: &str, path: &str) -> u16 {
     use base64::Engine;
-    let addr = base.trim_start_matches("http://");
+    let rest = base.trim_start_matches("http://");
+    let (addr, prefix) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    let path = format!("{prefix}{path}");
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASS}"));
     let req = format!(
@@ -343,6 +597,7 @@ impl Process {
         ])
         .env("NARAD_AUTH", format!("{USER}:{PASS}"))
         .env("NARAD_LOG", "warn")
+        .env_remove("NARAD_TEST_CLOCK_FILE")
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true);
         for (k, v) in extra_env {

@@ -1,7 +1,7 @@
 //! The HTTP contract: topics, validation, auth, payload rules, errors.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use narad_tests::{Server, PASS, USER};
+use narad_tests::{external_url, Server, PASS, USER};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -165,12 +165,15 @@ async fn bad_input_is_a_clear_4xx() {
         "/v1/topics/a%20b",
         "/v1/topics/%FF",
     ] {
-        assert_eq!(s.raw_status("PUT", path).await, 400, "PUT {path}");
-        assert_eq!(
-            s.raw_status("GET", &format!("{path}/consume")).await,
-            400,
-            "consume {path}"
-        );
+        // In front of an external server (API Gateway, the Lambda emulator) dot segments
+        // are resolved before the function sees the path, so they reach another route: 404.
+        let dots = external_url().is_some()
+            && ["/v1/topics/..", "/v1/topics/.", "/v1/topics/%2E%2E"].contains(&path);
+        let want: &[u16] = if dots { &[400, 404] } else { &[400] };
+        let got = s.raw_status("PUT", path).await;
+        assert!(want.contains(&got), "PUT {path}: {got}");
+        let got = s.raw_status("GET", &format!("{path}/consume")).await;
+        assert!(want.contains(&got), "consume {path}: {got}");
     }
     assert_eq!(
         s.raw_status("PUT", &format!("/v1/topics/{long}")).await,
@@ -377,7 +380,9 @@ async fn produce_routing_by_partition_key_and_round_robin() {
 async fn oversized_payloads_get_413() {
     let mut opts = narad_tests::Options::default();
     opts.broker.max_message_bytes = 1000;
-    let s = Server::start_with(opts).await;
+    let Some(s) = Server::start_with_or_skip(opts).await else {
+        return;
+    };
     s.create_topic("big", json!({})).await;
     s.produce("big", vec![b'a'; 1000]).await;
     let r = reqwest::Client::new()

@@ -207,7 +207,9 @@ async fn long_poll_waits_and_wakes() {
 async fn wait_is_capped_by_the_server() {
     let mut opts = Options::default();
     opts.broker.max_wait = Duration::from_millis(300);
-    let s = Server::start_with(opts).await;
+    let Some(s) = Server::start_with_or_skip(opts).await else {
+        return;
+    };
     s.create_topic("q", json!({})).await;
     let t = Instant::now();
     assert!(s.consume("q", "wait=60s").await.is_none());
@@ -387,8 +389,9 @@ async fn forged_foreign_and_malformed_handles_never_5xx() {
         let st = s.ack("a", junk, "").await;
         assert!(st.is_client_error(), "{junk:?} gave {st}");
     }
-    // A handle signed by a different server key: 410.
-    let other = Server::start_with(Options {
+    // A handle signed by a different server key: 410. The other server always runs
+    // in-process, beside an external server under test too.
+    let other = Server::start_local_with(Options {
         receipt_keys: vec![b"another-key-0123456789abcdef".to_vec()],
         ..Options::default()
     })

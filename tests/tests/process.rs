@@ -27,6 +27,9 @@ impl Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_a_restart() {
+    if narad_tests::skip_in_external_mode("narad serve processes of its own") {
+        return;
+    }
     let (url, _dir) = test_store_url();
     let port = free_port();
     let p = Process::start(&url, port, &[]).await;
@@ -112,6 +115,9 @@ async fn state_survives_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_without_auth_generates_and_prints_a_password() {
+    if narad_tests::skip_in_external_mode("narad serve processes of its own") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut child = tokio::process::Command::new(narad_tests::narad_binary())

@@ -1,0 +1,99 @@
+//! `narad-api`: Narad's HTTP API as an AWS Lambda function behind an API Gateway HTTP API
+//! (or a Lambda function URL, or `cargo lambda watch`).
+//!
+//! It serves the very router `narad serve` serves ([`narad_shared::api::router`]), through
+//! `lambda_http`. Everything that can be built once is built once per cold start: the
+//! configuration (from the environment, see `narad_shared::config`), the store client, and
+//! the broker with its caches. Logs are JSON lines on stdout, which Lambda ships to
+//! CloudWatch Logs.
+//!
+//! Unlike `narad serve`, the function never generates credentials: `NARAD_AUTH` must be set
+//! (in AWS from a secret, see `infra/template.yaml`), or the cold start fails with a message
+//! naming the variable.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use narad_shared::clock::RandomIds;
+use narad_shared::config::Config;
+use narad_shared::engine::Broker;
+use narad_shared::{api, store};
+use tower::ServiceExt;
+use tracing_subscriber::EnvFilter;
+
+const FUNCTION_NAME: &str = "narad-api";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let started = Instant::now();
+    tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_target(false)
+        .with_env_filter(
+            EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stdout)
+        .init();
+    match run(started).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "{FUNCTION_NAME}: cold start failed");
+            eprintln!("{FUNCTION_NAME}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(started: Instant) -> Result<(), String> {
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    let users = cfg.auth.clone().ok_or_else(|| {
+        "NARAD_AUTH: must be set to user:password[,user:password…] (the function never \
+         generates credentials)"
+            .to_owned()
+    })?;
+    if cfg.test_clock_file.is_some() {
+        tracing::warn!("NARAD_TEST_CLOCK_FILE is set: time comes from a file (tests only)");
+    }
+    let store = store::open(&cfg.store)
+        .await
+        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
+    let broker = Broker::new(
+        store.clone(),
+        cfg.clock(),
+        Arc::new(RandomIds),
+        cfg.receipt_keys.clone(),
+        cfg.broker.clone(),
+    )
+    .await
+    .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let app = api::router(Arc::new(broker), &users);
+    tracing::info!(
+        store = %store.describe(),
+        init_ms = started.elapsed().as_millis() as u64,
+        max_wait_ms = cfg.broker.max_wait.as_millis() as u64,
+        "{FUNCTION_NAME} initialised"
+    );
+    // Sequential in a classic Lambda execution environment; concurrent invocations when
+    // AWS_LAMBDA_MAX_CONCURRENCY > 1 (Lambda Managed Instances), which suits long polls.
+    lambda_http::run_concurrent(lambda_http::service_fn(move |req: lambda_http::Request| {
+        handle(app.clone(), req)
+    }))
+    .await
+    .map_err(|e| format!("lambda runtime error: {e}"))
+}
+
+/// Runs one request through the router. The body is collected into a `Full` (Lambda
+/// answers with a whole body anyway), which is `Sync` as concurrent invocations need.
+async fn handle(
+    app: axum::Router,
+    req: lambda_http::Request,
+) -> Result<lambda_http::Response<Full<Bytes>>, lambda_http::Error> {
+    let (parts, body) = app.oneshot(req).await?.into_parts();
+    let bytes = body.collect().await?.to_bytes();
+    Ok(lambda_http::Response::from_parts(parts, Full::new(bytes)))
+}
