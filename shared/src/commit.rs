@@ -43,6 +43,10 @@ use crate::store::{DynStore, Fetched};
 /// [`crate::gc::DEFAULT_GRACE`], is far longer).
 pub const MAX_SEGMENT_AGE_AT_COMMIT_MS: u64 = 5 * 60 * 1000;
 
+/// How long a message parked for dead-lettering stays invisible; if the move does not
+/// finish in time it is parked and moved again (the move is idempotent).
+pub const DEAD_LETTER_PARK_MS: u64 = 60_000;
+
 /// Payload bytes one commit takes at most (one operation always fits, whatever its size).
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
 
@@ -92,8 +96,15 @@ pub struct Grant {
 pub enum Outcome {
     /// The offset of each message, in order (a duplicate gets its first offset).
     Produced(Vec<u64>),
-    /// Leases granted (possibly none).
-    Leased(Vec<Grant>),
+    /// Leases granted (possibly none), and messages parked for the dead-letter topic:
+    /// delivered `max_deliveries` times without an ack, they are held under a system lease
+    /// for [`DEAD_LETTER_PARK_MS`] while the caller moves them.
+    Leased {
+        /// Messages for the consumer.
+        grants: Vec<Grant>,
+        /// Messages to move to the dead-letter topic.
+        dead: Vec<Grant>,
+    },
     /// The settle took effect.
     Settled,
 }
@@ -639,6 +650,7 @@ fn apply(
     for (i, (op, s, _)) in ops.iter().enumerate() {
         if let Op::Lease(max) = op {
             let mut grants = Vec::new();
+            let mut dead = Vec::new();
             while grants.len() < *max && in_flight < s.max_in_flight_per_partition as usize {
                 let offset = if m.acked_ahead.len() >= s.max_acked_ahead_per_partition as usize {
                     // Window full: only the message blocking the frontier may go out.
@@ -659,6 +671,23 @@ fn apply(
                 let Some(segment) = m.segment_for(offset).cloned() else {
                     break;
                 };
+                let delivered = m.leases.get(&offset).map_or(0, |l| l.delivery_count);
+                if s.max_deliveries > 0 && delivered >= s.max_deliveries {
+                    // Delivered often enough without an ack: park it for the dead-letter
+                    // topic instead of delivering it again.
+                    if let Some(l) = m.leases.get_mut(&offset) {
+                        l.lease_id = version;
+                        l.deadline_ms = now + DEAD_LETTER_PARK_MS;
+                    }
+                    in_flight += 1;
+                    dead.push(Grant {
+                        offset,
+                        lease_id: version,
+                        delivery_count: delivered,
+                        segment,
+                    });
+                    continue;
+                }
                 let lease = m.leases.entry(offset).or_insert(Lease {
                     lease_id: 0,
                     deadline_ms: 0,
@@ -675,8 +704,8 @@ fn apply(
                     segment,
                 });
             }
-            changed |= !grants.is_empty();
-            results[i] = Some(Ok(Outcome::Leased(grants)));
+            changed |= !grants.is_empty() || !dead.is_empty();
+            results[i] = Some(Ok(Outcome::Leased { grants, dead }));
         }
     }
     let results = results

@@ -275,6 +275,7 @@ pub struct Broker {
     topics: Mutex<HashMap<String, (Instant, Topic)>>,
     round_robin: AtomicU64,
     waiting: AtomicI64,
+    dead_lettered: AtomicU64,
 }
 
 impl std::fmt::Debug for Broker {
@@ -336,6 +337,7 @@ impl Broker {
             topics: Mutex::new(HashMap::new()),
             round_robin: AtomicU64::new(0),
             waiting: AtomicI64::new(0),
+            dead_lettered: AtomicU64::new(0),
         })
     }
 
@@ -421,6 +423,7 @@ impl Broker {
     ) -> BrokerResult<(bool, Topic)> {
         keys::validate_topic(name)?;
         let settings = input.to_new()?;
+        not_own_dead_letter_topic(name, &settings)?;
         for _ in 0..3 {
             let rec = TopicRecord {
                 settings: settings.clone(),
@@ -477,6 +480,7 @@ impl Broker {
         for _ in 0..manifest::MAX_ATTEMPTS {
             let mut topic = self.load_topic(name).await?;
             let settings = input.apply_to(&topic.settings)?;
+            not_own_dead_letter_topic(name, &settings)?;
             if settings == topic.settings {
                 return Ok(topic);
             }
@@ -746,14 +750,17 @@ impl Broker {
             if out.len() >= max {
                 break;
             }
-            let grants = match self
+            let (grants, dead) = match self
                 .committer
                 .submit(topic, p, Op::Lease(max - out.len()))
                 .await?
             {
-                Outcome::Leased(g) => g,
+                Outcome::Leased { grants, dead } => (grants, dead),
                 _ => return Err(BrokerError::Corrupt("unexpected commit outcome".into())),
             };
+            for g in dead {
+                self.dead_letter(topic, p, g).await;
+            }
             for g in grants {
                 if let Some(d) = self.deliver(topic, p, g).await? {
                     out.push(d);
@@ -761,6 +768,53 @@ impl Broker {
             }
         }
         Ok(out)
+    }
+
+    /// Moves a parked message to the topic's dead-letter topic, then settles it here.
+    /// The produce is idempotent (keyed by topic incarnation, partition and offset), so a
+    /// move that fails halfway is simply done again when the message is parked next time;
+    /// the message is never dropped.
+    async fn dead_letter(&self, topic: &Topic, partition: u32, g: Grant) {
+        let moved = async {
+            let Some(dlq) = topic.settings.dead_letter_topic.clone() else {
+                return Err(BrokerError::Corrupt("no dead_letter_topic".into()));
+            };
+            if let Some(msg) = self
+                .message(&topic.name, partition, &g.segment, g.offset)
+                .await?
+            {
+                let origin = format!(
+                    "{}\n{}\n{partition}\n{}",
+                    topic.name, topic.incarnation, g.offset
+                );
+                let digest = Sha256::digest(origin.as_bytes());
+                let id: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                let msg = NewMessage {
+                    partition: None,
+                    key: msg.key,
+                    payload: Bytes::from(msg.payload),
+                    idempotency_key: Some(format!("dlq-{id}")),
+                };
+                self.produce(&dlq, msg).await?;
+            }
+            let op = Op::Settle {
+                offset: g.offset,
+                lease_id: g.lease_id,
+                action: Settle::Ack,
+            };
+            self.committer.submit(topic, partition, op).await?;
+            Ok(())
+        }
+        .await;
+        match moved {
+            Ok(()) => {
+                self.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(
+                topic = %topic.name, partition, offset = g.offset, error = %e,
+                "could not move a message to the dead-letter topic; it will be tried again"
+            ),
+        }
     }
 
     /// Reads a leased message and signs its handle. `None` if retention removed it
@@ -1042,6 +1096,12 @@ impl Broker {
                 "Consumers waiting in a long poll now.",
                 self.waiting.load(Ordering::Relaxed) as f64,
             ),
+            (
+                "narad_dead_lettered_total",
+                "counter",
+                "Messages moved to a dead-letter topic.",
+                self.dead_lettered.load(Ordering::Relaxed) as f64,
+            ),
         ];
         for (name, kind, help, v) in gauges {
             let _ = writeln!(
@@ -1051,6 +1111,13 @@ impl Broker {
         }
         out
     }
+}
+
+fn not_own_dead_letter_topic(name: &str, s: &TopicSettings) -> BrokerResult<()> {
+    if s.dead_letter_topic.as_deref() == Some(name) {
+        return Err(InvalidSetting("dead_letter_topic must be another topic".into()).into());
+    }
+    Ok(())
 }
 
 /// The partition a key maps to: the first 8 bytes of SHA-256(key), big-endian, modulo
