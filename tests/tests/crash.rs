@@ -1,0 +1,256 @@
+//! Crash test: three `narad serve` processes on one store (one bucket prefix on S3); one
+//! of them is SIGKILLed and restarted every 1–2.5 s while producers (retrying with an
+//! `Idempotency-Key` until they get a 2xx) and consumers run. After a drain: no
+//! acknowledged message lost, no offset holding two payloads, no produce appended twice.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use narad_tests::{free_port, serde_urlencoded_pair, test_store_url, Process, PASS, USER};
+use rand::{Rng, SeedableRng};
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::sync::{Mutex, RwLock};
+
+const PRODUCERS: usize = 4;
+const CONSUMERS: usize = 4;
+const CHAOS: Duration = Duration::from_secs(12);
+const VT_MS: u64 = 2000;
+
+type Bases = Arc<RwLock<Vec<String>>>;
+
+async fn pick(bases: &Bases, rng: &mut rand::rngs::StdRng) -> String {
+    let b = bases.read().await;
+    b[rng.gen_range(0..b.len())].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_and_restart_loses_nothing() {
+    let (url, _dir) = test_store_url();
+    let mut procs = Vec::new();
+    for _ in 0..3 {
+        procs.push(Process::start(&url, free_port(), &[]).await);
+    }
+    let bases: Bases = Arc::new(RwLock::new(procs.iter().map(|p| p.base.clone()).collect()));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let r = http
+        .put(format!("{}/v1/topics/crash", procs[0].base))
+        .basic_auth(USER, Some(PASS))
+        .body(format!(
+            r#"{{"partitions":2,"visibility_timeout_ms":{VT_MS}}}"#
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked_produces: Arc<Mutex<HashMap<String, (u64, u64)>>> = Arc::default();
+    let payload_at: Arc<Mutex<HashMap<(u64, u64), String>>> = Arc::default();
+    let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+
+    for w in 0..PRODUCERS {
+        let (bases, stop, acked, http) = (
+            bases.clone(),
+            stop.clone(),
+            acked_produces.clone(),
+            http.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let payload = format!("p{w}-{i}");
+                i += 1;
+                // Retry with the same key until a 2xx, whatever happens to the processes.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    assert!(
+                        Instant::now() < deadline,
+                        "produce {payload} never succeeded"
+                    );
+                    let base = pick(&bases, &mut rng).await;
+                    let r = http
+                        .post(format!("{base}/v1/topics/crash/produce"))
+                        .basic_auth(USER, Some(PASS))
+                        .header("Idempotency-Key", &payload)
+                        .body(payload.clone())
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status() == StatusCode::CREATED => {
+                            let v: Value = r.json().await.unwrap();
+                            let at = (
+                                v["partition"].as_u64().unwrap(),
+                                v["offset"].as_u64().unwrap(),
+                            );
+                            acked.lock().await.insert(payload.clone(), at);
+                            break;
+                        }
+                        Ok(r) => assert!(
+                            r.status().is_server_error(),
+                            "produce answered {} (only retryable failures expected)",
+                            r.status()
+                        ),
+                        Err(_) => {}
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    for w in 0..CONSUMERS {
+        let (bases, stop, payload_at, delivered, http) = (
+            bases.clone(),
+            stop.clone(),
+            payload_at.clone(),
+            delivered.clone(),
+            http.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(100 + w as u64);
+            while !stop.load(Ordering::Relaxed) {
+                consume_and_ack(
+                    &http,
+                    &pick(&bases, &mut rng).await,
+                    &pick(&bases, &mut rng).await,
+                    &payload_at,
+                    &delivered,
+                )
+                .await;
+            }
+        }));
+    }
+
+    // Chaos: SIGKILL one process and start a replacement every 1-2.5 s.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let start = Instant::now();
+    let mut kills = 0;
+    while start.elapsed() < CHAOS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(1000..2500))).await;
+        let victim = rng.gen_range(0..procs.len());
+        let p = procs.remove(victim);
+        bases.write().await.retain(|b| *b != p.base);
+        p.kill().await;
+        kills += 1;
+        let fresh = Process::start(&url, free_port(), &[]).await;
+        bases.write().await.push(fresh.base.clone());
+        procs.push(fresh);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // Drain: wait out every lease, then consume and ack until nothing is left.
+    tokio::time::sleep(Duration::from_millis(VT_MS + 200)).await;
+    let base = bases.read().await[0].clone();
+    let mut empty = 0;
+    while empty < 3 {
+        if consume_and_ack(&http, &base, &base, &payload_at, &delivered).await {
+            empty = 0;
+        } else {
+            empty += 1;
+        }
+    }
+
+    let acked = acked_produces.lock().await;
+    let delivered = delivered.lock().await;
+    let payload_at = payload_at.lock().await;
+    let lost: Vec<&String> = acked.keys().filter(|p| !delivered.contains(*p)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged messages lost: {lost:?}",
+        lost.len()
+    );
+    for (payload, at) in acked.iter() {
+        assert_eq!(
+            payload_at.get(at),
+            Some(payload),
+            "offset {at:?} does not hold {payload}"
+        );
+    }
+    let r: Value = http
+        .get(format!("{base}/v1/topics/crash"))
+        .basic_auth(USER, Some(PASS))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let appended: u64 = r["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["next_offset"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        appended,
+        acked.len() as u64,
+        "produces appended twice (or unacknowledged ones appended)"
+    );
+    println!(
+        "crash test: {kills} kills, {} messages produced and delivered",
+        acked.len()
+    );
+    assert!(
+        kills >= 4 && acked.len() > 50,
+        "the test must actually exercise crashes"
+    );
+    for p in procs {
+        p.kill().await;
+    }
+}
+
+/// One consume + ack. Records what each offset held; true if a message was consumed.
+async fn consume_and_ack(
+    http: &reqwest::Client,
+    consume_at: &str,
+    ack_at: &str,
+    payload_at: &Mutex<HashMap<(u64, u64), String>>,
+    delivered: &Mutex<HashSet<String>>,
+) -> bool {
+    let Ok(r) = http
+        .get(format!("{consume_at}/v1/topics/crash/consume?wait=200ms"))
+        .basic_auth(USER, Some(PASS))
+        .send()
+        .await
+    else {
+        return false;
+    };
+    if r.status() != StatusCode::OK {
+        assert!(
+            r.status() == StatusCode::NO_CONTENT || r.status().is_server_error(),
+            "consume answered {}",
+            r.status()
+        );
+        return false;
+    }
+    let Ok(m) = r.json::<Value>().await else {
+        return false;
+    };
+    let at = (
+        m["partition"].as_u64().unwrap(),
+        m["offset"].as_u64().unwrap(),
+    );
+    let payload = m["payload"].as_str().unwrap().to_owned();
+    if let Some(prev) = payload_at.lock().await.insert(at, payload.clone()) {
+        assert_eq!(prev, payload, "offset {at:?} held two payloads");
+    }
+    delivered.lock().await.insert(payload);
+    let q = serde_urlencoded_pair("receipt_handle", m["receipt_handle"].as_str().unwrap());
+    let _ = http
+        .post(format!("{ack_at}/v1/topics/crash/ack?{q}"))
+        .basic_auth(USER, Some(PASS))
+        .send()
+        .await;
+    true
+}
