@@ -45,8 +45,9 @@ tools_bin="$PWD/.tools/venv/bin"
 PATH="$tools_bin:$PATH" cargo lambda build --release --arm64 --bin narad-api
 printf 'narad-api release arm64 binary: %s bytes\n' "$(stat -c %s target/lambda/narad-api/bootstrap)"
 lambda_dir="$(mktemp -d)"
-trap 'functions/lambda-watch.sh stop; rm -rf "$lambda_dir"; rm -f "$results"' EXIT
 lambda_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+export LAMBDA_PORT="$lambda_port"
+trap 'functions/lambda-watch.sh stop; rm -rf "$lambda_dir"; rm -f "$results"' EXIT
 lambda_store="s3://narad-test/$run_id/lambda"
 cat >"$lambda_dir/function.env" <<ENV
 NARAD_STORE=$lambda_store
@@ -57,7 +58,7 @@ NARAD_TOPIC_CACHE_MS=0
 NARAD_TEST_CLOCK_FILE=$lambda_dir/clock
 NARAD_LOG=warn
 ENV
-LAMBDA_PORT="$lambda_port" LAMBDA_ENV_FILE="$lambda_dir/function.env" functions/lambda-watch.sh start
+LAMBDA_ENV_FILE="$lambda_dir/function.env" functions/lambda-watch.sh start
 NARAD_TEST_URL="http://127.0.0.1:$lambda_port/lambda-url/narad-api" NARAD_TEST_STORE="$lambda_store" \
     NARAD_TEST_CLOCK_FILE="$lambda_dir/clock" NARAD_TEST_SERVER_ENV="$lambda_dir/function.env" \
     tests -p narad-tests -- --test-threads=1

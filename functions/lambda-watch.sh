@@ -4,7 +4,7 @@
 #
 #   functions/lambda-watch.sh tools   # only install the pinned tools (cargo-lambda, zig, cfn-lint)
 #   functions/lambda-watch.sh start   # install if needed, start the emulator, wait until it answers
-#   functions/lambda-watch.sh stop    # stop the emulator and its function instances
+#   functions/lambda-watch.sh stop    # stop the emulator and its function instances (same LAMBDA_PORT)
 #
 # Idempotent, like localstack/start.sh: the tools go into .tools/venv from PyPI, and are
 # reinstalled only when functions/requirements.txt changes. `start` reads:
@@ -21,9 +21,10 @@ TOOLS="$ROOT/.tools"
 VENV="$TOOLS/venv"
 REQS="$ROOT/functions/requirements.txt"
 STAMP="$VENV/.requirements.sha256"
-PIDFILE="$TOOLS/lambda-watch.pid"
-LOG="$TOOLS/lambda-watch.log"
 PORT="${LAMBDA_PORT:-9000}"
+# One emulator per port, so two test runs on one machine do not stop each other's.
+PIDFILE="$TOOLS/lambda-watch-$PORT.pid"
+LOG="$TOOLS/lambda-watch-$PORT.log"
 CONCURRENCY="${LAMBDA_CONCURRENCY:-8}"
 PYTHON="${PYTHON:-python3}"
 
@@ -47,19 +48,18 @@ tools() {
 }
 
 stop() {
-    if [[ -f "$PIDFILE" ]]; then
-        local pid
-        pid="$(cat "$PIDFILE")"
-        # The emulator runs in its own process group (setsid): end it and its instances.
-        kill -- "-$pid" 2>/dev/null || true
-        for _ in $(seq 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -9 -- "-$pid" 2>/dev/null || true
-        rm -f "$PIDFILE"
-        log "stopped"
-    fi
+    [[ -f "$PIDFILE" ]] || return 0
+    local pid
+    pid="$(cat "$PIDFILE")"
+    # The emulator runs in its own process group (setsid): end it and its instances.
+    kill -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 -- "-$pid" 2>/dev/null || true
+    rm -f "$PIDFILE"
+    log "stopped"
 }
 
 start() {

@@ -29,6 +29,9 @@ async fn pick(bases: &Bases, rng: &mut rand::rngs::StdRng) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_and_restart_loses_nothing() {
+    if narad_tests::skip_in_external_mode("narad serve processes of its own") {
+        return;
+    }
     let (url, _dir) = test_store_url();
     let mut procs = Vec::new();
     for _ in 0..3 {
