@@ -53,16 +53,19 @@ async fn poison_messages_move_to_the_dead_letter_topic() {
     assert_eq!(dead["delivery_count"], 1);
     // The old handle is dead.
     assert_eq!(s.ack("orders", &handle(&m), "").await, StatusCode::GONE);
-    let metrics = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(metrics.contains("narad_dead_lettered_total 1"), "{metrics}");
+    // Counters are per process: only an in-process server's are exact.
+    if narad_tests::external_url().is_none() {
+        let metrics = s
+            .http
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(metrics.contains("narad_dead_lettered_total 1"), "{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
