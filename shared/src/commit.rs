@@ -35,7 +35,7 @@ use crate::clock::{Clock, IdSource};
 use crate::engine::{BrokerError, BrokerResult, Settle, Topic, Wakers};
 use crate::keys;
 use crate::manifest::{self, Decision, Lease, Manifest, SegmentRef, Snapshot, UpdateError};
-use crate::segment::{Segment, StoredMessage};
+use crate::segment::{Segment, SegmentCache, StoredMessage};
 use crate::settings::TopicSettings;
 use crate::store::{DynStore, Fetched};
 
@@ -157,6 +157,7 @@ pub struct CommitStats {
 
 /// The per-process group committer. Shared behind an `Arc`.
 pub struct Committer {
+    segments: Arc<SegmentCache>,
     linger: std::time::Duration,
     store: DynStore,
     ids: Arc<dyn IdSource>,
@@ -179,9 +180,11 @@ impl Committer {
         ids: Arc<dyn IdSource>,
         clock: Arc<dyn Clock>,
         wakers: Arc<Wakers>,
+        segments: Arc<SegmentCache>,
         linger: std::time::Duration,
     ) -> Self {
         Self {
+            segments,
             linger,
             store,
             ids,
@@ -238,6 +241,16 @@ impl Committer {
 
     /// Commits batches until the queue is empty.
     async fn drain(self: Arc<Self>, q: Arc<Queue>) {
+        // Should this task ever die mid-batch, the next submit starts a new one.
+        struct Running(Arc<Queue>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    lock(&self.0.state).running = false;
+                }
+            }
+        }
+        let _running = Running(q.clone());
         loop {
             let busy = lock(&q.state).last_batch > 1;
             if busy && !self.linger.is_zero() {
@@ -427,9 +440,10 @@ impl Committer {
         let seg = Segment { messages };
         let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
         // Written before the commit; if the commit never lands this object is an orphan.
-        self.store
-            .put_if_absent(&keys::segment(&q.topic, q.partition, &id), seg.encode()?)
-            .await?;
+        let key = keys::segment(&q.topic, q.partition, &id);
+        self.store.put_if_absent(&key, seg.encode()?).await?;
+        // Consumers in this process read it from memory.
+        self.segments.put(key, Arc::new(seg));
         Ok(SegmentRef {
             id,
             base_offset: 0,

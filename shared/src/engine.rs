@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,7 +39,7 @@ use crate::commit::{Committer, Grant, NewStored, Op, Outcome};
 use crate::keys::{self, InvalidTopic};
 use crate::manifest::{self, Manifest, SegmentRef};
 use crate::receipt::{Claims, ReceiptError, Receipts};
-use crate::segment::{CorruptSegment, Segment, StoredMessage};
+use crate::segment::{CorruptSegment, Segment, SegmentCache, StoredMessage};
 use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
 use crate::store::metered::{MeteredStore, OPS, OUTCOMES};
 use crate::store::{DynStore, StoreError};
@@ -271,7 +270,7 @@ pub struct Broker {
     opts: BrokerOptions,
     wakers: Arc<Wakers>,
     pub(crate) committer: Arc<Committer>,
-    segments: Mutex<lru::LruCache<String, Arc<Segment>>>,
+    segments: Arc<SegmentCache>,
     topics: Mutex<HashMap<String, (Instant, Topic)>>,
     round_robin: AtomicU64,
     waiting: AtomicI64,
@@ -315,13 +314,14 @@ impl Broker {
             None => Receipts::new(vec![shared_receipt_key(&*store).await?])
                 .ok_or_else(|| BrokerError::Corrupt("no receipt key".into()))?,
         };
-        let cap = NonZeroUsize::new(opts.segment_cache_entries.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let segments = Arc::new(SegmentCache::new(opts.segment_cache_entries));
         let wakers = Arc::new(Wakers::default());
         let committer = Arc::new(Committer::new(
             store.clone(),
             ids.clone(),
             clock.clone(),
             wakers.clone(),
+            segments.clone(),
             opts.commit_linger,
         ));
         Ok(Self {
@@ -333,7 +333,7 @@ impl Broker {
             opts,
             wakers,
             committer,
-            segments: Mutex::new(lru::LruCache::new(cap)),
+            segments,
             topics: Mutex::new(HashMap::new()),
             round_robin: AtomicU64::new(0),
             waiting: AtomicI64::new(0),
@@ -1011,7 +1011,7 @@ impl Broker {
         offset: u64,
     ) -> BrokerResult<Option<StoredMessage>> {
         let key = keys::segment(topic, partition, &seg.id);
-        let cached = lock(&self.segments).get(&key).cloned();
+        let cached = self.segments.get(&key);
         let segment = match cached {
             Some(s) => s,
             None => {
@@ -1019,7 +1019,7 @@ impl Broker {
                     return Ok(None);
                 };
                 let s = Arc::new(Segment::decode(&obj.data)?);
-                lock(&self.segments).put(key, s.clone());
+                self.segments.put(key, s.clone());
                 s
             }
         };
