@@ -15,16 +15,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use narad_functions::{handle, require_users, FUNCTION_NAME};
 use narad_shared::clock::RandomIds;
 use narad_shared::config::Config;
 use narad_shared::engine::Broker;
 use narad_shared::{api, store};
-use tower::ServiceExt;
 use tracing_subscriber::EnvFilter;
-
-const FUNCTION_NAME: &str = "narad-api";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -51,11 +47,7 @@ async fn main() -> ExitCode {
 
 async fn run(started: Instant) -> Result<(), String> {
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
-    let users = cfg.auth.clone().ok_or_else(|| {
-        "NARAD_AUTH: must be set to user:password[,user:password…] (the function never \
-         generates credentials)"
-            .to_owned()
-    })?;
+    let users = require_users(&cfg)?;
     if cfg.test_clock_file.is_some() {
         tracing::warn!("NARAD_TEST_CLOCK_FILE is set: time comes from a file (tests only)");
     }
@@ -85,15 +77,4 @@ async fn run(started: Instant) -> Result<(), String> {
     }))
     .await
     .map_err(|e| format!("lambda runtime error: {e}"))
-}
-
-/// Runs one request through the router. The body is collected into a `Full` (Lambda
-/// answers with a whole body anyway), which is `Sync` as concurrent invocations need.
-async fn handle(
-    app: axum::Router,
-    req: lambda_http::Request,
-) -> Result<lambda_http::Response<Full<Bytes>>, lambda_http::Error> {
-    let (parts, body) = app.oneshot(req).await?.into_parts();
-    let bytes = body.collect().await?.to_bytes();
-    Ok(lambda_http::Response::from_parts(parts, Full::new(bytes)))
 }
