@@ -42,8 +42,10 @@ step "Lambda runtime (cargo lambda watch) on S3"
 # deleting every topic. Time is driven through NARAD_TEST_CLOCK_FILE.
 functions/lambda-watch.sh tools
 tools_bin="$PWD/.tools/venv/bin"
-PATH="$tools_bin:$PATH" cargo lambda build --release --arm64 --bin narad-api
-printf 'narad-api release arm64 binary: %s bytes\n' "$(stat -c %s target/lambda/narad-api/bootstrap)"
+PATH="$tools_bin:$PATH" cargo lambda build --release --arm64 --package narad-functions --bins
+for f in narad-api narad-maintenance; do
+    printf '%s release arm64 binary: %s bytes\n' "$f" "$(stat -c %s "target/lambda/$f/bootstrap")"
+done
 lambda_dir="$(mktemp -d)"
 lambda_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 export LAMBDA_PORT="$lambda_port"

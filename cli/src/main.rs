@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use narad_shared::clock::RandomIds;
+
+use narad_shared::api;
 use narad_shared::config::{Config, Credential};
 use narad_shared::engine::Broker;
-use narad_shared::{api, store};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -139,9 +139,6 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     if let Some(s) = store_url {
         cfg.store = s;
     }
-    let store = store::open(&cfg.store)
-        .await
-        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
     let users = match cfg.auth.clone() {
         Some(u) => u,
         None => {
@@ -155,26 +152,25 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
             }]
         }
     };
-    let broker = Broker::new(
-        store.clone(),
-        cfg.clock(),
-        Arc::new(RandomIds),
-        cfg.receipt_keys.clone(),
-        cfg.broker.clone(),
-    )
-    .await
-    .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let broker = open_broker(&cfg).await?;
+    let described = broker.store().describe();
     let app = api::router(Arc::new(broker), &users);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("narad: serving http://{addr} on {}", store.describe());
-    tracing::info!(%addr, store = %store.describe(), "narad serve started");
+    println!("narad: serving http://{addr} on {described}");
+    tracing::info!(%addr, store = %described, "narad serve started");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("server error: {e}"))
+}
+
+async fn open_broker(cfg: &Config) -> Result<Broker, String> {
+    Broker::from_config(cfg)
+        .await
+        .map_err(|e| format!("cannot start on store {}: {e}", cfg.store))
 }
 
 async fn gc(store_url: Option<String>, grace: &str, dry_run: bool) -> Result<(), String> {
@@ -183,18 +179,7 @@ async fn gc(store_url: Option<String>, grace: &str, dry_run: bool) -> Result<(),
         cfg.store = s;
     }
     let grace = humantime::parse_duration(grace).map_err(|e| format!("--grace {grace:?}: {e}"))?;
-    let store = store::open(&cfg.store)
-        .await
-        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
-    let broker = Broker::new(
-        store,
-        cfg.clock(),
-        Arc::new(RandomIds),
-        cfg.receipt_keys.clone(),
-        cfg.broker.clone(),
-    )
-    .await
-    .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let broker = open_broker(&cfg).await?;
     let report = broker
         .gc(grace, dry_run)
         .await

@@ -1,9 +1,11 @@
 //! Narad's AWS Lambda functions. The binary `narad-api` (src/bin/narad-api.rs) serves the
-//! HTTP API behind API Gateway; this library holds what it does per request and per cold
-//! start, so both are tested without a network or the Lambda runtime.
+//! HTTP API behind API Gateway; `narad-maintenance` (src/bin/narad-maintenance.rs) runs
+//! garbage collection on a schedule. This library holds what they do per request and per
+//! cold start, so both are tested without a network or the Lambda runtime.
 //!
 //! * [`handle`]: one API Gateway request through the shared router.
 //! * [`require_users`]: the credentials the function admits (`NARAD_AUTH` is mandatory).
+//! * [`init_tracing`]: JSON log lines on stdout, filtered by `NARAD_LOG`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -39,6 +41,22 @@ pub fn require_users(cfg: &Config) -> Result<Vec<Credential>, String> {
          generates credentials)"
             .to_owned()
     })
+}
+
+/// JSON log lines on stdout (Lambda ships them to CloudWatch Logs), filtered by `NARAD_LOG`
+/// (default `info`).
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_target(false)
+        .with_env_filter(
+            EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stdout)
+        .init();
 }
 
 #[cfg(test)]

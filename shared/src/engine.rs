@@ -157,6 +157,9 @@ pub struct Topic {
     pub created_at_ms: u64,
     /// ETag of the settings object this was read from.
     pub etag: String,
+    /// Served from this process's cache (possibly up to `topic_cache` old): a request
+    /// that the cached settings refuse is retried against freshly read ones.
+    pub from_cache: bool,
 }
 
 /// A message to produce.
@@ -341,6 +344,24 @@ impl Broker {
         })
     }
 
+    /// Opens the configured store and builds a broker on it with the configured clock,
+    /// receipt keys and limits: what `narad serve`, `narad gc` and the Lambda functions
+    /// all do at start-up.
+    ///
+    /// Errors: the store's startup failure (missing bucket, no credentials, no
+    /// conditional writes) as [`BrokerError::Store`].
+    pub async fn from_config(cfg: &crate::config::Config) -> BrokerResult<Self> {
+        let store = crate::store::open(&cfg.store).await?;
+        Self::new(
+            store,
+            cfg.clock(),
+            Arc::new(crate::clock::RandomIds),
+            cfg.receipt_keys.clone(),
+            cfg.broker.clone(),
+        )
+        .await
+    }
+
     /// The process-level limits.
     pub fn options(&self) -> &BrokerOptions {
         &self.opts
@@ -360,7 +381,10 @@ impl Broker {
         keys::validate_topic(name)?;
         if let Some((at, t)) = lock(&self.topics).get(name) {
             if at.elapsed() < self.opts.topic_cache {
-                return Ok(t.clone());
+                return Ok(Topic {
+                    from_cache: true,
+                    ..t.clone()
+                });
             }
         }
         self.load_topic(name).await
@@ -381,6 +405,7 @@ impl Broker {
             incarnation: rec.incarnation,
             created_at_ms: rec.created_at_ms,
             etag: obj.etag,
+            from_cache: false,
         };
         lock(&self.topics).insert(name.to_owned(), (Instant::now(), topic.clone()));
         Ok(topic)
@@ -443,6 +468,7 @@ impl Broker {
                         incarnation: rec.incarnation,
                         created_at_ms: rec.created_at_ms,
                         etag,
+                        from_cache: false,
                     };
                     lock(&self.topics).insert(name.to_owned(), (Instant::now(), topic.clone()));
                     return Ok((true, topic));
@@ -609,6 +635,8 @@ impl Broker {
             }
             let p = match (m.partition, &m.key) {
                 (Some(p), _) if p < n => p,
+                // Cached settings may predate a re-creation: check against fresh ones.
+                (Some(_), _) if topic.from_cache => return Err(BrokerError::StaleTopic),
                 (Some(p), _) => {
                     results[i] = Some(Err(BrokerError::NoSuchPartition(p)));
                     continue;
@@ -738,6 +766,7 @@ impl Broker {
         let n = topic.settings.partitions;
         let order: Vec<u32> = match partition {
             Some(p) if p < n => vec![p],
+            Some(_) if topic.from_cache => return Err(BrokerError::StaleTopic),
             Some(p) => return Err(BrokerError::NoSuchPartition(p)),
             None => {
                 let start =
@@ -890,6 +919,9 @@ impl Broker {
         offset: u64,
     ) -> BrokerResult<Option<Delivery>> {
         if partition >= topic.settings.partitions {
+            if topic.from_cache {
+                return Err(BrokerError::StaleTopic);
+            }
             return Err(BrokerError::NoSuchPartition(partition));
         }
         let m = self.read_manifest(topic, partition).await?;
@@ -971,6 +1003,9 @@ impl Broker {
             match c {
                 Err(e) => results[i] = Some(Err(e.clone())),
                 Ok(c) if c.partition >= topic.settings.partitions => {
+                    if topic.from_cache {
+                        return Err(BrokerError::StaleTopic);
+                    }
                     results[i] = Some(Err(BrokerError::LeaseGone))
                 }
                 Ok(c) => {

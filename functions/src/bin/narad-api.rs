@@ -15,26 +15,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use narad_functions::{handle, require_users, FUNCTION_NAME};
-use narad_shared::clock::RandomIds;
+use narad_functions::{handle, init_tracing, require_users, FUNCTION_NAME};
+use narad_shared::api;
 use narad_shared::config::Config;
 use narad_shared::engine::Broker;
-use narad_shared::{api, store};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let started = Instant::now();
-    tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_target(false)
-        .with_env_filter(
-            EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stdout)
-        .init();
+    init_tracing();
     match run(started).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -51,21 +40,13 @@ async fn run(started: Instant) -> Result<(), String> {
     if cfg.test_clock_file.is_some() {
         tracing::warn!("NARAD_TEST_CLOCK_FILE is set: time comes from a file (tests only)");
     }
-    let store = store::open(&cfg.store)
+    let broker = Broker::from_config(&cfg)
         .await
-        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
-    let broker = Broker::new(
-        store.clone(),
-        cfg.clock(),
-        Arc::new(RandomIds),
-        cfg.receipt_keys.clone(),
-        cfg.broker.clone(),
-    )
-    .await
-    .map_err(|e| format!("cannot start the broker: {e}"))?;
+        .map_err(|e| format!("cannot start on store {}: {e}", cfg.store))?;
+    let described = broker.store().describe();
     let app = api::router(Arc::new(broker), &users);
     tracing::info!(
-        store = %store.describe(),
+        store = %described,
         init_ms = started.elapsed().as_millis() as u64,
         max_wait_ms = cfg.broker.max_wait.as_millis() as u64,
         "{FUNCTION_NAME} initialised"

@@ -15,11 +15,13 @@
 //!
 //! [`S3Store::open`] fails once, clearly, with [`StoreError::Other`] when:
 //! * no credentials can be loaded (no provider, or the provider fails);
-//! * `HeadBucket` answers 404 (the bucket does not exist), 403 (credentials invalid or not
-//!   allowed), 301/400 (the bucket lives in another region), or the endpoint is unreachable;
+//! * `ListObjectsV2` under the prefix (max 1 key) answers 404 (the bucket does not exist),
+//!   403 (credentials invalid or not allowed), 301/400 (the bucket lives in another region),
+//!   or the endpoint is unreachable. (A list under the prefix rather than `HeadBucket`, so an
+//!   IAM policy can restrict `s3:ListBucket` to the prefix.)
 //! * the server ignores conditional writes: it writes `{prefix}.narad-probe/{uuid}` with
 //!   `If-None-Match: *` twice (the second must fail with 412/409), then with `If-Match` and a
-//!   wrong ETag (must fail with 412/409), then deletes the probe object. Cost: one HEAD,
+//!   wrong ETag (must fail with 412/409), then deletes the probe object. Cost: one LIST,
 //!   three PUTs, one DELETE.
 //!
 //! # Contract
@@ -168,15 +170,25 @@ impl S3Store {
     /// Checks the bucket and conditional-write support once, at startup.
     async fn probe(&self) -> StoreResult<()> {
         let desc = self.describe();
-        if let Err(err) = self.client.head_bucket().bucket(&self.bucket).send().await {
+        // A ListObjectsV2 under the store's own prefix (not HeadBucket): IAM authorises it
+        // as s3:ListBucket with an s3:prefix, so a policy can limit listing to the prefix.
+        let listed = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(&self.prefix)
+            .max_keys(1)
+            .send()
+            .await;
+        if let Err(err) = listed {
             let status = err.raw_response().map(|r| r.status().as_u16());
             let msg = match (status, err.code()) {
                 (Some(404), _) | (_, Some("NoSuchBucket")) => format!(
-                    "S3 store {desc}: bucket {:?} does not exist (HeadBucket 404)",
+                    "S3 store {desc}: bucket {:?} does not exist (ListObjectsV2 404)",
                     self.bucket
                 ),
                 (Some(403), _) => format!(
-                    "S3 store {desc}: access to bucket {:?} denied (HeadBucket 403): the \
+                    "S3 store {desc}: access to bucket {:?} denied (ListObjectsV2 403): the \
                      credentials are invalid or lack permission",
                     self.bucket
                 ),
@@ -187,16 +199,16 @@ impl S3Store {
                         .unwrap_or("unknown");
                     format!(
                         "S3 store {desc}: bucket {:?} is not in region {} (it is in {actual}); \
-                         set AWS_REGION (HeadBucket {})",
+                         set AWS_REGION (ListObjectsV2 {})",
                         self.bucket,
                         self.region,
                         status.unwrap_or_default()
                     )
                 }
                 _ => format!(
-                    "S3 store {desc}: HeadBucket {:?} failed: {}",
+                    "S3 store {desc}: ListObjectsV2 on {:?} failed: {}",
                     self.bucket,
-                    map_err("HeadBucket", &self.bucket, err)
+                    map_err("ListObjectsV2", &self.bucket, err)
                 ),
             };
             return Err(StoreError::Other(msg));
