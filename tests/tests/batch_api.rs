@@ -99,6 +99,23 @@ async fn consume_max_and_batch_ack() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 
+    // Payloads in a batch come back verbatim too.
+    let raw = r#"{"z":1.0,"a":123456789012345678901234567890}"#;
+    s.create_topic("verbatim", json!({})).await;
+    s.produce("verbatim", raw).await;
+    s.produce("verbatim", raw).await;
+    let text = s
+        .consume_raw("verbatim", "max=2")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        text.matches(&format!("\"payload\":{raw}")).count(),
+        2,
+        "{text}"
+    );
+
     let v = s.consume("b", "max=4").await.unwrap();
     let got = v["messages"].as_array().unwrap();
     assert_eq!(got.len(), 4);

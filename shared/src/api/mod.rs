@@ -263,6 +263,11 @@ struct MessageView {
     produced_at: String,
 }
 
+#[derive(Serialize)]
+struct MessageList {
+    messages: Vec<MessageView>,
+}
+
 impl From<Delivery> for MessageView {
     fn from(d: Delivery) -> Self {
         let p = payload::render(&d.payload);
@@ -454,7 +459,8 @@ async fn consume(
     }
     let mut views: Vec<MessageView> = deliveries.into_iter().map(MessageView::from).collect();
     Ok(match max {
-        Some(_) => Json(serde_json::json!({ "messages": views })).into_response(),
+        // A typed body, not `json!`: payloads stay raw JSON text, byte for byte.
+        Some(_) => Json(MessageList { messages: views }).into_response(),
         None => Json(views.swap_remove(0)).into_response(),
     })
 }
