@@ -305,6 +305,12 @@ async fn list_topics(State(s): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(serde_json::json!({ "topics": topics })).into_response())
 }
 
+/// The JSON settings body of a create or change.
+async fn read_settings(headers: &HeaderMap, body: Body) -> Result<SettingsInput, ApiError> {
+    let body = read_body(headers, body, MAX_SETTINGS_BODY).await?;
+    Ok(SettingsInput::parse(&body).map_err(BrokerError::from)?)
+}
+
 /// `PUT /v1/topics/{topic}`: 201 created, 200 when it exists with the same settings,
 /// 409 when it exists with other settings.
 async fn create_topic(
@@ -314,8 +320,7 @@ async fn create_topic(
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
-    let body = read_body(&headers, body, MAX_SETTINGS_BODY).await?;
-    let input = SettingsInput::parse(&body).map_err(crate::engine::BrokerError::from)?;
+    let input = read_settings(&headers, body).await?;
     let (created, topic) = s.broker.create_topic(&name, &input).await?;
     let status = if created {
         StatusCode::CREATED
@@ -344,8 +349,7 @@ async fn patch_topic(
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
-    let body = read_body(&headers, body, MAX_SETTINGS_BODY).await?;
-    let input = SettingsInput::parse(&body).map_err(crate::engine::BrokerError::from)?;
+    let input = read_settings(&headers, body).await?;
     let topic = s.broker.patch_topic(&name, &input).await?;
     Ok(Json(TopicView::new(topic, None)).into_response())
 }
