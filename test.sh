@@ -42,9 +42,17 @@ step "Lambda runtime (cargo lambda watch) on S3"
 # deleting every topic. Time is driven through NARAD_TEST_CLOCK_FILE.
 functions/lambda-watch.sh tools
 tools_bin="$PWD/.tools/venv/bin"
-PATH="$tools_bin:$PATH" cargo lambda build --release --arm64 --package narad-functions --bins
+# The deployable build: arm64, cross-compiled with Zig. It needs Rust's aarch64 standard
+# library (cargo-lambda adds it with rustup); where that cannot be had, the x86_64 build
+# stands in, so the size figure is still printed and the tests below still run.
+arch=arm64
+if ! PATH="$tools_bin:$PATH" cargo lambda build --release --arm64 --package narad-functions --bins; then
+    echo "arm64 cross build unavailable on this machine; building x86_64 instead"
+    arch=x86_64
+    PATH="$tools_bin:$PATH" cargo lambda build --release --package narad-functions --bins
+fi
 for f in narad-api narad-maintenance; do
-    printf '%s release arm64 binary: %s bytes\n' "$f" "$(stat -c %s "target/lambda/$f/bootstrap")"
+    printf '%s release %s binary: %s bytes\n' "$f" "$arch" "$(stat -c %s "target/lambda/$f/bootstrap")"
 done
 lambda_dir="$(mktemp -d)"
 lambda_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
