@@ -268,7 +268,7 @@ pub struct Broker {
     pub(crate) store: DynStore,
     metered: Arc<MeteredStore>,
     pub(crate) clock: Arc<dyn Clock>,
-    ids: Arc<dyn IdSource>,
+    pub(crate) ids: Arc<dyn IdSource>,
     receipts: Receipts,
     opts: BrokerOptions,
     wakers: Arc<Wakers>,
@@ -1037,6 +1037,25 @@ impl Broker {
 
     // ----- segments -----------------------------------------------------------------
 
+    /// A whole segment, from the cache or the store; `None` if it is gone.
+    pub(crate) async fn load_segment(
+        &self,
+        topic: &str,
+        partition: u32,
+        id: &str,
+    ) -> BrokerResult<Option<Arc<Segment>>> {
+        let key = keys::segment(topic, partition, id);
+        if let Some(s) = self.segments.get(&key) {
+            return Ok(Some(s));
+        }
+        let Some(obj) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        let s = Arc::new(Segment::decode(&obj.data)?);
+        self.segments.put(key, s.clone());
+        Ok(Some(s))
+    }
+
     /// The message at `offset` of segment `seg`; `None` if the segment is gone.
     async fn message(
         &self,
@@ -1045,18 +1064,8 @@ impl Broker {
         seg: &SegmentRef,
         offset: u64,
     ) -> BrokerResult<Option<StoredMessage>> {
-        let key = keys::segment(topic, partition, &seg.id);
-        let cached = self.segments.get(&key);
-        let segment = match cached {
-            Some(s) => s,
-            None => {
-                let Some(obj) = self.store.get(&key).await? else {
-                    return Ok(None);
-                };
-                let s = Arc::new(Segment::decode(&obj.data)?);
-                self.segments.put(key, s.clone());
-                s
-            }
+        let Some(segment) = self.load_segment(topic, partition, &seg.id).await? else {
+            return Ok(None);
         };
         let idx = (offset - seg.base_offset) as usize;
         segment
