@@ -27,16 +27,34 @@ use serde_json::{json, Value};
 const PUT_PRICE: f64 = 0.005 / 1000.0;
 const GET_PRICE: f64 = 0.0004 / 1000.0;
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run (the flags of `narad bench`).
+#[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
+    /// Store URL to benchmark (file://PATH, memory://, s3://BUCKET[/PREFIX]).
+    #[arg(long, default_value = "file://./narad-bench-data")]
     pub store: String,
+    /// Messages per phase.
+    #[arg(long, default_value_t = 500)]
     pub messages: usize,
+    /// Concurrent HTTP clients.
+    #[arg(long, default_value_t = 1)]
     pub connections: usize,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 1)]
     pub partitions: u32,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 100)]
     pub payload_bytes: usize,
+    /// Serial compare-and-swap operations for the store's baseline rate.
+    #[arg(long, default_value_t = 200)]
     pub cas_ops: usize,
+    /// Messages per request: 1 uses the single-message API; more uses produce-batch,
+    /// consume?max=N and batch acks.
+    #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Run consume and ack as separate phases (per-operation request counts) instead of
+    /// one consume+ack phase.
+    #[arg(long)]
     pub split: bool,
 }
 

@@ -53,34 +53,7 @@ enum Command {
         dry_run: bool,
     },
     /// Benchmark a server on a store: throughput, latency, storage requests per message.
-    Bench {
-        /// Store URL to benchmark (file://PATH, memory://, s3://BUCKET[/PREFIX]).
-        #[arg(long, default_value = "file://./narad-bench-data")]
-        store: String,
-        /// Messages per phase.
-        #[arg(long, default_value_t = 500)]
-        messages: usize,
-        /// Concurrent HTTP clients.
-        #[arg(long, default_value_t = 1)]
-        connections: usize,
-        /// Partitions of the benchmark topic.
-        #[arg(long, default_value_t = 1)]
-        partitions: u32,
-        /// Payload size in bytes.
-        #[arg(long, default_value_t = 100)]
-        payload_bytes: usize,
-        /// Serial compare-and-swap operations for the store's baseline rate.
-        #[arg(long, default_value_t = 200)]
-        cas_ops: usize,
-        /// Messages per request: 1 uses the single-message API; more uses produce-batch,
-        /// consume?max=N and batch acks.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Run consume and ack as separate phases (per-operation request counts) instead
-        /// of one consume+ack phase.
-        #[arg(long)]
-        split: bool,
-    },
+    Bench(bench::BenchArgs),
 }
 
 #[tokio::main]
@@ -99,28 +72,7 @@ async fn main() -> ExitCode {
             grace,
             dry_run,
         } => gc(store, &grace, dry_run).await,
-        Command::Bench {
-            store,
-            messages,
-            connections,
-            partitions,
-            payload_bytes,
-            cas_ops,
-            batch,
-            split,
-        } => {
-            bench::run(bench::BenchArgs {
-                store,
-                messages,
-                connections,
-                partitions,
-                payload_bytes,
-                cas_ops,
-                batch,
-                split,
-            })
-            .await
-        }
+        Command::Bench(args) => bench::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
