@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use crate::clock::{Clock, IdSource};
-use crate::engine::{BrokerError, BrokerResult, Settle, Topic, Wakers};
+use crate::engine::{lock, BrokerError, BrokerResult, Settle, Topic, Wakers};
 use crate::keys;
 use crate::manifest::{self, Decision, Lease, Manifest, SegmentRef, Snapshot, UpdateError};
 use crate::segment::{Segment, SegmentCache, StoredMessage};
@@ -151,8 +151,6 @@ pub struct CommitStats {
     pub committed_ops: AtomicU64,
     /// Batches processed (committed or not).
     pub batches: AtomicU64,
-    /// Operations processed in all batches.
-    pub batched_ops: AtomicU64,
 }
 
 /// The per-process group committer. Shared behind an `Arc`.
@@ -166,10 +164,6 @@ pub struct Committer {
     queues: Mutex<HashMap<(String, String, u32), Arc<Queue>>>,
     /// Counters.
     pub stats: CommitStats,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Committer {
@@ -287,9 +281,6 @@ impl Committer {
         mut cache: Option<Snapshot>,
     ) -> Option<Snapshot> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .batched_ops
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         let now = self.clock.now_ms();
         let mut ops: Vec<(Op, TopicSettings, oneshot::Sender<BrokerResult<Outcome>>)> =
             Vec::with_capacity(batch.len());

@@ -293,7 +293,8 @@ struct StoredReceiptKey {
     key_b64: String,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks `m`, recovering from poisoning (every critical section leaves consistent state).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -699,9 +700,6 @@ impl Broker {
         // Nothing of a stale batch was committed; the caller retries it whole.
         if stale && results.iter().all(|r| !matches!(r, Some(Ok(_)))) {
             return Err(BrokerError::StaleTopic);
-        }
-        if results.iter().any(|r| matches!(r, Some(Ok(_)))) {
-            self.wakers.wake(&topic.name);
         }
         Ok(results
             .into_iter()

@@ -539,19 +539,12 @@ async fn ack_batch(
             "receipt_handles must hold 1 to {MAX_BATCH_ENTRIES} handles"
         )));
     }
-    let extend = match &batch.extend {
-        None => None,
-        Some(serde_json::Value::Bool(true)) => Some("true"),
-        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(0) => Some("0"),
-        Some(other) => Some(if other.as_str() == Some("true") {
-            "true"
-        } else if other.as_str() == Some("0") {
-            "0"
-        } else {
-            "invalid"
-        }),
-    };
-    let action = parse_extend(extend)?;
+    // The same values as the query parameter, as JSON `true`, `0` or strings.
+    let extend = batch.extend.as_ref().map(|v| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    });
+    let action = parse_extend(extend.as_deref())?;
     let entries: Vec<(String, Settle)> = batch
         .receipt_handles
         .into_iter()
