@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use narad_shared::api;
+use narad_shared::broker::Broker;
 use narad_shared::clock::{IdSource, RandomIds, SystemClock};
 use narad_shared::config::{Config, Credential};
-use narad_shared::engine::Broker;
+use narad_shared::http;
 use narad_shared::store::metered::{Counts, MeteredStore};
 use narad_shared::store::{self, DynStore, StoreError};
 use serde_json::{json, Value};
@@ -91,7 +91,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         user: "bench".into(),
         password: "bench".into(),
     }];
-    let app = api::router(Arc::new(broker), &users);
+    let app = http::router(Arc::new(broker), &users);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;

@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use narad_shared::api;
+use narad_shared::broker::Broker;
 use narad_shared::config::{Config, Credential};
-use narad_shared::engine::Broker;
+use narad_shared::http;
+use narad_shared::maintenance;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -106,7 +107,7 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     };
     let broker = open_broker(&cfg).await?;
     let described = broker.store().describe();
-    let app = api::router(Arc::new(broker), &users);
+    let app = http::router(Arc::new(broker), &users);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -132,8 +133,7 @@ async fn gc(store_url: Option<String>, grace: &str, dry_run: bool) -> Result<(),
     }
     let grace = humantime::parse_duration(grace).map_err(|e| format!("--grace {grace:?}: {e}"))?;
     let broker = open_broker(&cfg).await?;
-    let report = broker
-        .gc(grace, dry_run)
+    let report = maintenance::gc(&broker, grace, dry_run)
         .await
         .map_err(|e| format!("gc failed: {e}"))?;
     println!(

@@ -15,7 +15,7 @@ use tower::ServiceExt;
 /// The function's name, as used in logs and by `cargo lambda`.
 pub const FUNCTION_NAME: &str = "narad-api";
 
-/// Runs one request through `app` (the router from `narad_shared::api::router`).
+/// Runs one request through `app` (the router from `narad_shared::http::router`).
 ///
 /// The response body is collected into a [`Full`]: Lambda answers with a whole body anyway,
 /// and a `Full` is `Sync`, as `lambda_http::run_concurrent` requires. `lambda_http` then
@@ -67,8 +67,9 @@ mod tests {
 
     use base64::Engine;
     use lambda_http::IntoResponse;
+    use narad_shared::broker::Broker;
     use narad_shared::clock::{ManualClock, RandomIds};
-    use narad_shared::engine::{Broker, BrokerOptions};
+    use narad_shared::config::BrokerOptions;
     use serde_json::{json, Value};
 
     use super::*;
@@ -90,7 +91,7 @@ mod tests {
             user: "tester".into(),
             password: "s3cret-pass".into(),
         }];
-        narad_shared::api::router(Arc::new(broker), &users)
+        narad_shared::http::router(Arc::new(broker), &users)
     }
 
     /// An API Gateway HTTP API (payload 2.0) event, as API Gateway sends it.

@@ -20,7 +20,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, FileClock, SystemClock};
-use crate::engine::BrokerOptions;
+
+/// Process-level limits of the broker (read from the `NARAD_*` variables above).
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    /// Largest payload accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Cap on a consume's `wait`.
+    pub max_wait: Duration,
+    /// How often a long poll re-reads the store for work from other processes.
+    pub poll_interval: Duration,
+    /// Decoded segments kept in memory.
+    pub segment_cache_entries: usize,
+    /// How long topic settings are cached in this process. Settings changed by another
+    /// process take up to this long to apply here.
+    pub topic_cache: Duration,
+    /// How long a group commit waits for more operations to join it.
+    pub commit_linger: Duration,
+}
+
+impl Default for BrokerOptions {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 1 << 20,
+            max_wait: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(500),
+            segment_cache_entries: 256,
+            topic_cache: Duration::from_secs(1),
+            commit_linger: Duration::from_millis(2),
+        }
+    }
+}
 
 /// A user allowed to call the API.
 #[derive(Clone, PartialEq, Eq)]

@@ -1,28 +1,37 @@
 //! Narad's core library: a pull-based message broker whose only state lives in
 //! S3-compatible object storage.
 //!
-//! * [`store`]: the storage trait, its backends (file, memory, S3) and their conformance suite.
-//! * [`keys`]: every object key, built in one place.
-//! * [`manifest`]: a partition's state and the one read → apply → CAS → retry protocol.
-//! * [`segment`]: immutable message batches.
-//! * [`receipt`]: signed receipt handles.
-//! * [`payload`]: how payload bytes appear in JSON responses.
-//! * [`settings`]: topic settings and their limits.
-//! * [`engine`]: the broker operations on top of all that.
-//! * [`api`]: the HTTP router shared by `narad serve` and the Lambda function.
-//! * [`config`]: configuration from the environment.
-//! * [`clock`]: injectable time and ids.
+//! Data flows one way, and each module only calls the ones after it
+//! (docs/design.md §9 has the full map):
+//!
+//! 1. [`http`]: the axum router shared by `narad serve` and the Lambda function: parse,
+//!    call one broker operation, render; [`http::error`] maps errors to statuses.
+//! 2. [`broker`]: one file per operation (topics, produce, consume, replay, settle,
+//!    dead letters, long polling, metrics).
+//! 3. [`commit`]: the per-partition group-commit queue: one segment PUT and one manifest
+//!    CAS per batch, typed submits.
+//! 4. [`partition`]: the manifest model and the pure transitions (produce, lease,
+//!    settle, compaction swap, one batch), unit-tested in place.
+//! 5. [`cas`]: the one conditional-write loop, for every object changed in place.
+//! 6. [`store`]: the storage trait and its backends (file, memory, S3, metered).
+//!
+//! Beside the flow: [`maintenance`] (gc and compaction, through the broker's API),
+//! [`topic`], [`segment`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
+//! [`config`] (configuration from the environment) and [`error`].
 
-pub mod api;
+pub mod broker;
+pub mod cas;
 pub mod clock;
 pub mod commit;
 pub mod config;
-pub mod engine;
-pub mod gc;
+pub mod error;
+pub mod http;
 pub mod keys;
-pub mod manifest;
+pub mod maintenance;
+pub mod partition;
 pub mod payload;
 pub mod receipt;
 pub mod segment;
 pub mod settings;
 pub mod store;
+pub mod topic;

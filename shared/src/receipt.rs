@@ -10,11 +10,19 @@
 //! another topic's name is [`ReceiptError::Invalid`] (HTTP 410, like any handle that is
 //! no longer yours). Users treat handles as opaque.
 
+use std::convert::Infallible;
+
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
+use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::cas::{CasError, Cell, Decision, JsonRecord, Pure};
+use crate::clock::IdSource;
+use crate::keys;
+use crate::store::Store;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -141,6 +149,47 @@ impl Receipts {
         }
         Ok(signed.claims)
     }
+}
+
+/// The stored form of the generated key, `system/receipt-key.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredKey {
+    key_b64: String,
+}
+
+impl JsonRecord for StoredKey {}
+
+/// The receipt key shared by every process on `store` when none is configured: read it,
+/// or create it (put-if-absent) if no process has yet. Every process then accepts the
+/// others' handles.
+///
+/// Errors: the store's failure, or a stored key that does not decode.
+pub async fn shared_key(
+    store: &dyn Store,
+    ids: &dyn IdSource,
+) -> Result<Vec<u8>, CasError<Infallible>> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut fresh = vec![0u8; 32];
+    rand::thread_rng().fill_bytes(&mut fresh);
+    let cell = Cell::<Option<StoredKey>>::new(store, ids, keys::RECEIPT_KEY, &());
+    let (stored, _) = cell
+        .update(Pure(|cur: &mut Option<StoredKey>| {
+            Ok(match cur {
+                Some(k) => Decision::Keep(k.key_b64.clone()),
+                None => {
+                    let key_b64 = b64.encode(&fresh);
+                    *cur = Some(StoredKey {
+                        key_b64: key_b64.clone(),
+                    });
+                    Decision::Commit(key_b64)
+                }
+            })
+        }))
+        .await?;
+    b64.decode(stored).map_err(|e| CasError::Corrupt {
+        key: keys::RECEIPT_KEY.to_owned(),
+        detail: e.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ async fn s3_store_passes_conformance() {
         .unwrap_or_else(|e| panic!("opening {url} failed: {e}"));
     println!("running conformance against {}", store.describe());
     let prefix = format!("conformance-{}", uuid::Uuid::new_v4());
-    store::conformance::run_all(store.clone(), &prefix).await;
+    store::testing::conformance::run_all(store.clone(), &prefix).await;
     // Leave the bucket tidy; a failure here is not a conformance failure.
     for key in store.list(&format!("{prefix}/")).await.unwrap_or_default() {
         let _ = store.delete(&key).await;
@@ -49,7 +49,8 @@ async fn missing_bucket_fails_clearly() {
     let bucket = format!("narad-missing-{}", uuid::Uuid::new_v4().simple());
     let missing = format!("s3://{bucket}/x");
     match store::open(&missing).await {
-        Err(StoreError::Other(msg)) => {
+        Err(StoreError::Other(failure)) => {
+            let msg = failure.message();
             println!("missing bucket error: {msg}");
             assert!(
                 msg.contains(&bucket),

@@ -26,9 +26,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use narad_shared::broker::Broker;
 use narad_shared::clock::{Clock, ManualClock, RandomIds};
+use narad_shared::config::BrokerOptions;
 use narad_shared::config::{Config, Credential};
-use narad_shared::engine::{Broker, BrokerOptions};
 use narad_shared::store::{self, DynStore};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -329,7 +330,7 @@ impl Server {
             user: USER.into(),
             password: PASS.into(),
         }];
-        let app = narad_shared::api::router(Arc::new(broker), &users);
+        let app = narad_shared::http::router(Arc::new(broker), &users);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {

@@ -13,12 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use narad_shared::broker::{Broker, NewMessage, Settle};
 use narad_shared::clock::{Clock, ManualClock, SequentialIds};
-use narad_shared::engine::{Broker, BrokerError, BrokerOptions, NewMessage, Settle};
+use narad_shared::config::BrokerOptions;
+use narad_shared::error::BrokerError;
 use narad_shared::receipt::ReceiptError;
 use narad_shared::settings::SettingsInput;
-use narad_shared::store::fault::{FaultPlan, FaultStore};
 use narad_shared::store::memory::MemoryStore;
+use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
 use narad_shared::store::DynStore;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -217,7 +219,7 @@ async fn run_seed(seed: u64) -> (u64, usize) {
             ) {
                 fail(seed, step, format!("a stale handle got {r:?}"));
             }
-            let versions = |s: &[narad_shared::engine::PartitionStats]| {
+            let versions = |s: &[narad_shared::broker::PartitionStats]| {
                 s.iter().map(|p| p.version).collect::<Vec<_>>()
             };
             if versions(&before) != versions(&after) {

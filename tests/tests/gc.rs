@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use narad_shared::broker::{Broker, NewMessage, Settle};
 use narad_shared::clock::{Clock, ManualClock, RandomIds};
-use narad_shared::engine::{Broker, BrokerError, BrokerOptions, NewMessage, Settle};
-use narad_shared::gc::DEFAULT_GRACE;
+use narad_shared::config::BrokerOptions;
+use narad_shared::error::BrokerError;
 use narad_shared::keys;
+use narad_shared::maintenance::{self, DEFAULT_GRACE};
 use narad_shared::settings::SettingsInput;
-use narad_shared::store::fault::{FaultPlan, FaultStore};
+use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
 use narad_shared::store::DynStore;
 use narad_tests::{test_store, T0};
 
@@ -72,14 +74,14 @@ async fn orphans_are_collected_after_the_grace_period_and_never_before() {
     let segments = || async { inner.list("topics/t/0/segments/").await.unwrap().len() };
     assert_eq!(segments().await, 4);
 
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(
         (g.orphans_deleted, g.orphans_kept),
         (0, 2),
         "young orphans are kept: {g:?}"
     );
     clock.advance(29 * MIN);
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(
         (g.orphans_deleted, g.orphans_kept),
         (0, 2),
@@ -87,15 +89,15 @@ async fn orphans_are_collected_after_the_grace_period_and_never_before() {
     );
     assert_eq!(segments().await, 4);
     clock.advance(2 * MIN);
-    let dry = b.gc(DEFAULT_GRACE, true).await.unwrap();
+    let dry = maintenance::gc(&b, DEFAULT_GRACE, true).await.unwrap();
     assert_eq!(dry.orphans_deleted, 2);
     assert_eq!(segments().await, 4, "a dry run deletes nothing");
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!((g.orphans_deleted, g.orphans_kept), (2, 0), "{g:?}");
     assert_eq!(segments().await, 2, "only referenced segments remain");
     // Referenced segments are never touched, however old.
     clock.advance(24 * 60 * MIN);
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(g.orphans_deleted, 0);
     for want in ["kept-1", "kept-2"] {
         let d = b
@@ -120,7 +122,7 @@ async fn retention_runs_on_idle_partitions_and_leftovers_go() {
     b.create_topic("r", &settings).await.unwrap();
     b.produce("r", msg("old")).await.unwrap();
     clock.advance(2 * MIN);
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(g.expired_segments, 1, "{g:?}");
     assert!(matches!(
         b.replay("r", 0, 0, Duration::ZERO).await,
@@ -134,7 +136,7 @@ async fn retention_runs_on_idle_partitions_and_leftovers_go() {
         .unwrap();
     b.produce("gone", msg("x")).await.unwrap();
     store.delete(&keys::topic_settings("gone")).await.unwrap();
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(g.leftovers_deleted, 2, "manifest and segment: {g:?}");
     assert!(store.list("topics/gone/").await.unwrap().is_empty());
     assert_eq!(g.topics, 1);
@@ -176,7 +178,7 @@ async fn compaction_merges_small_segments_without_losing_anything() {
     };
     assert_eq!(segments().await, 40);
 
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(g.segments_compacted, 40, "{g:?}");
     assert_eq!(segments().await, 1);
     for o in 0..40u64 {
@@ -204,7 +206,7 @@ async fn compaction_merges_small_segments_without_losing_anything() {
     }
     // The replaced segments are orphans now; the next pass past the grace period deletes them.
     clock.advance(31 * MIN);
-    let g = b.gc(DEFAULT_GRACE, false).await.unwrap();
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(g.orphans_deleted, 40, "{g:?}");
     assert_eq!(store.list("topics/c/0/segments/").await.unwrap().len(), 1);
     let d = b.replay("c", 0, 39, Duration::ZERO).await.unwrap().unwrap();

@@ -1,7 +1,7 @@
 //! `narad-api`: Narad's HTTP API as an AWS Lambda function behind an API Gateway HTTP API
 //! (or a Lambda function URL, or `cargo lambda watch`).
 //!
-//! It serves the very router `narad serve` serves ([`narad_shared::api::router`]), through
+//! It serves the very router `narad serve` serves ([`narad_shared::http::router`]), through
 //! `lambda_http`. Everything that can be built once is built once per cold start: the
 //! configuration (from the environment, see `narad_shared::config`), the store client, and
 //! the broker with its caches. Logs are JSON lines on stdout, which Lambda ships to
@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use narad_functions::{handle, init_tracing, require_users, FUNCTION_NAME};
-use narad_shared::api;
+use narad_shared::broker::Broker;
 use narad_shared::config::Config;
-use narad_shared::engine::Broker;
+use narad_shared::http;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -44,7 +44,7 @@ async fn run(started: Instant) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot start on store {}: {e}", cfg.store))?;
     let described = broker.store().describe();
-    let app = api::router(Arc::new(broker), &users);
+    let app = http::router(Arc::new(broker), &users);
     tracing::info!(
         store = %described,
         init_ms = started.elapsed().as_millis() as u64,

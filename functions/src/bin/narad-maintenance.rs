@@ -1,7 +1,7 @@
 //! `narad-maintenance`: Narad's scheduled maintenance as an AWS Lambda function.
 //!
 //! Invoked by an EventBridge schedule (`infra/template.yaml`, every 15 minutes). Each
-//! invocation runs one garbage-collection pass ([`narad_shared::gc`]): retention on every
+//! invocation runs one garbage-collection pass ([`narad_shared::maintenance`]): retention on every
 //! partition (idle ones too), orphan segments older than the grace period deleted,
 //! leftovers of deleted topics deleted. It logs and returns the JSON report. The pass is
 //! safe to run concurrently with the API and with itself.
@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use lambda_http::{lambda_runtime, service_fn, LambdaEvent};
 use narad_functions::init_tracing;
+use narad_shared::broker::Broker;
 use narad_shared::config::Config;
-use narad_shared::engine::Broker;
-use narad_shared::gc::DEFAULT_GRACE;
+use narad_shared::maintenance::{self, DEFAULT_GRACE};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -51,7 +51,7 @@ async fn run() -> Result<(), String> {
     lambda_runtime::run(service_fn(move |_event: LambdaEvent<serde_json::Value>| {
         let broker = broker.clone();
         async move {
-            let report = broker.gc(grace, false).await.map_err(|e| format!("gc failed: {e}"))?;
+            let report = maintenance::gc(&broker, grace, false).await.map_err(|e| format!("gc failed: {e}"))?;
             tracing::info!(report = %serde_json::to_string(&report).unwrap_or_default(), "maintenance pass done");
             serde_json::to_value(&report).map_err(|e| e.to_string())
         }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{content_etag, Object, Store, StoreError, StoreResult};
+use super::{content_etag, Failure, Object, Store, StoreError, StoreResult};
 
 const LOCK_FILE: &str = ".lock";
 const TMP_DIR: &str = ".tmp";
@@ -48,7 +48,8 @@ impl FileStore {
         })
         .await
         .map_err(|e| {
-            StoreError::Other(format!("cannot open file store at {}: {e}", root.display()))
+            let what = format!("cannot open file store at {}: {e}", root.display());
+            StoreError::Other(Failure::caused_by(what, e))
         })?;
         Ok(Self {
             root: Arc::new(root),
@@ -62,7 +63,7 @@ impl FileStore {
                 !c.is_empty() && c != "." && c != ".." && !c.starts_with(".tmp") && c != LOCK_FILE
             });
         if !valid {
-            return Err(StoreError::Other(format!("invalid key {key:?}")));
+            return Err(StoreError::other(format!("invalid key {key:?}")));
         }
         Ok(self.root.join(key))
     }
@@ -185,7 +186,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 fn io_err(e: io::Error) -> StoreError {
-    StoreError::Other(format!("file store: {e}"))
+    StoreError::Other(Failure::caused_by(format!("file store: {e}"), e))
 }
 
 #[async_trait]
@@ -271,7 +272,7 @@ mod tests {
     async fn conformance() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(super::FileStore::open(dir.path()).await.unwrap());
-        crate::store::conformance::run_all(store, "t").await;
+        crate::store::testing::conformance::run_all(store, "t").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

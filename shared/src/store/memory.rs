@@ -88,6 +88,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn conformance() {
         let store = Arc::new(super::MemoryStore::new());
-        crate::store::conformance::run_all(store, "t").await;
+        crate::store::testing::conformance::run_all(store, "t").await;
     }
 }

@@ -188,6 +188,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn conformance() {
         let m = MeteredStore::new(Arc::new(MemoryStore::new()));
-        crate::store::conformance::run_all(m, "t").await;
+        crate::store::testing::conformance::run_all(m, "t").await;
     }
 }

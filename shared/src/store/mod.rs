@@ -22,14 +22,14 @@
 //! [`StoreError::Unavailable`] marks a transient failure (throttling, 5xx, timeouts)
 //! that the caller may retry and that the HTTP edge reports as 503 with `Retry-After`.
 //!
-//! Every backend must pass [`conformance::run_all`].
+//! Every backend must pass `testing::conformance::run_all` (behind the `testing` feature).
 
-pub mod conformance;
-pub mod fault;
 pub mod file;
 pub mod memory;
 pub mod metered;
 pub mod s3;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::sync::Arc;
 
@@ -56,6 +56,61 @@ pub enum Fetched {
     Object(Object),
 }
 
+/// The underlying error of a failed store call: a message for logs, and the error that
+/// caused it (an SDK or I/O error), kept as the [`std::error::Error::source`].
+#[derive(Debug, Clone)]
+pub struct Failure {
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Failure {
+    /// A failure caused by `source`.
+    pub fn caused_by(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The message (never includes the source's own text).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
+
 /// What can go wrong talking to a store.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -68,10 +123,22 @@ pub enum StoreError {
     /// A transient failure worth retrying later (throttling, 5xx, timeout, lost response).
     /// The request may or may not have been applied.
     #[error("storage temporarily unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Failure),
     /// A permanent failure (permissions, misconfiguration, corrupt data).
     #[error("storage error: {0}")]
-    Other(String),
+    Other(#[source] Failure),
+}
+
+impl StoreError {
+    /// A permanent failure described by `message`.
+    pub fn other(message: impl Into<String>) -> Self {
+        Self::Other(Failure::from(message.into()))
+    }
+
+    /// A transient failure described by `message`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::Unavailable(Failure::from(message.into()))
+    }
 }
 
 /// Result of a store call.
@@ -129,7 +196,7 @@ pub async fn open(url: &str) -> StoreResult<DynStore> {
         let store = s3::S3Store::open(rest).await?;
         Ok(Arc::new(store))
     } else {
-        Err(StoreError::Other(format!(
+        Err(StoreError::other(format!(
             "unknown store URL {url:?}: expected file://PATH, memory:// or s3://BUCKET[/PREFIX]"
         )))
     }

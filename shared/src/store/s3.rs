@@ -76,7 +76,7 @@ use aws_sdk_s3::Client;
 use bytes::Bytes;
 use rand::Rng;
 
-use super::{Fetched, Object, Store, StoreError, StoreResult};
+use super::{Failure, Fetched, Object, Store, StoreError, StoreResult};
 
 /// Retries of an idempotent operation (`get`, `list`, `delete`) after an `Unavailable` error.
 pub const SAFE_RETRIES: u32 = 3;
@@ -126,14 +126,14 @@ impl S3Store {
 
         // Credentials first: without them every later step fails with a vague dispatch error.
         let Some(creds) = sdk.credentials_provider() else {
-            return Err(StoreError::Other(
+            return Err(StoreError::other(
                 "S3 store: no AWS credentials provider is configured (set AWS_ACCESS_KEY_ID and \
                  AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
                     .to_string(),
             ));
         };
         if let Err(e) = creds.provide_credentials().await {
-            return Err(StoreError::Other(format!(
+            return Err(StoreError::other(format!(
                 "S3 store: could not load AWS credentials ({e}): set AWS_ACCESS_KEY_ID and \
                  AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             )));
@@ -211,7 +211,7 @@ impl S3Store {
                     map_err("ListObjectsV2", &self.bucket, err)
                 ),
             };
-            return Err(StoreError::Other(msg));
+            return Err(StoreError::other(msg));
         }
 
         let key = format!("{PROBE_DIR}/{}", uuid::Uuid::new_v4());
@@ -219,7 +219,7 @@ impl S3Store {
         // Best effort: a leftover probe object is harmless, so a failed delete is ignored.
         let _ = self.delete(&key).await;
         result.map_err(|why| {
-            StoreError::Other(format!(
+            StoreError::other(format!(
                 "S3 store {desc}: conditional writes are not supported: {why} (Narad needs \
                  If-None-Match: * and If-Match on PutObject)"
             ))
@@ -291,13 +291,14 @@ impl S3Store {
         let body = tokio::time::timeout(ATTEMPT_TIMEOUT, out.body.collect())
             .await
             .map_err(|_| {
-                StoreError::Unavailable(format!("GetObject {full}: timed out reading the body"))
+                StoreError::unavailable(format!("GetObject {full}: timed out reading the body"))
             })?
             .map_err(|e| {
-                StoreError::Unavailable(format!(
+                let what = format!(
                     "GetObject {full}: reading the body failed: {}",
                     DisplayErrorContext(&e)
-                ))
+                );
+                StoreError::Unavailable(Failure::caused_by(what, e))
             })?;
         Ok(Fetched::Object(Object {
             data: body.into_bytes(),
@@ -439,7 +440,7 @@ fn parse_location(rest: &str) -> StoreResult<(String, String)> {
         None => (rest, ""),
     };
     if bucket.is_empty() {
-        return Err(StoreError::Other(format!(
+        return Err(StoreError::other(format!(
             "S3 store URL s3://{rest} names no bucket: expected s3://BUCKET[/PREFIX]"
         )));
     }
@@ -472,43 +473,49 @@ fn strip_userinfo(url: &str) -> String {
 fn etag_of(op: &str, key: &str, etag: Option<&str>) -> StoreResult<String> {
     match etag {
         Some(e) if !e.is_empty() => Ok(e.to_string()),
-        _ => Err(StoreError::Other(format!(
+        _ => Err(StoreError::other(format!(
             "{op} {key}: response has no ETag"
         ))),
     }
 }
 
-/// Classifies every S3 error (see the table in the module documentation).
+/// Classifies every S3 error (see the table in the module documentation). The SDK error
+/// is kept as the source of the returned [`Failure`].
 fn map_err<E>(op: &str, key: &str, err: SdkError<E, HttpResponse>) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let detail = || format!("{op} {key}: {}", DisplayErrorContext(&err));
-    match &err {
-        SdkError::ConstructionFailure(_) => StoreError::Other(detail()),
-        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => StoreError::Unavailable(detail()),
-        SdkError::DispatchFailure(f) => {
-            if f.is_user() {
-                StoreError::Other(detail())
-            } else {
-                StoreError::Unavailable(detail())
-            }
-        }
+    enum Class {
+        Conflict,
+        NotFound,
+        Unavailable,
+        Other,
+    }
+    let mut message = format!("{op} {key}: {}", DisplayErrorContext(&err));
+    let class = match &err {
+        SdkError::ConstructionFailure(_) => Class::Other,
+        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => Class::Unavailable,
+        SdkError::DispatchFailure(f) if f.is_user() => Class::Other,
+        SdkError::DispatchFailure(_) => Class::Unavailable,
         SdkError::ServiceError(se) => {
             let status = se.raw().status().as_u16();
             match (status, err.code()) {
-                (_, Some("NoSuchBucket")) => StoreError::Other(format!(
-                    "{op} {key}: the bucket does not exist: {}",
-                    DisplayErrorContext(&err)
-                )),
-                (412, _) | (_, Some("PreconditionFailed")) => StoreError::Conflict,
-                (409, _) | (_, Some("ConditionalRequestConflict")) => StoreError::Conflict,
-                (404, _) | (_, Some("NoSuchKey")) => StoreError::NotFound,
+                (_, Some("NoSuchBucket")) => {
+                    message = format!(
+                        "{op} {key}: the bucket does not exist: {}",
+                        DisplayErrorContext(&err)
+                    );
+                    Class::Other
+                }
+                (412, _) | (_, Some("PreconditionFailed")) => Class::Conflict,
+                (409, _) | (_, Some("ConditionalRequestConflict")) => Class::Conflict,
+                (404, _) | (_, Some("NoSuchKey")) => Class::NotFound,
                 // Permanent: the server does not implement what was asked (e.g. a condition).
                 (501, _) | (_, Some("NotImplemented")) => {
-                    StoreError::Other(format!("{} (HTTP {status})", detail()))
+                    message.push_str(&format!(" (HTTP {status})"));
+                    Class::Other
                 }
-                (500..=599, _) | (429, _) => StoreError::Unavailable(detail()),
+                (500..=599, _) | (429, _) => Class::Unavailable,
                 (
                     _,
                     Some(
@@ -521,11 +528,20 @@ where
                         | "RequestLimitExceeded"
                         | "TooManyRequestsException",
                     ),
-                ) => StoreError::Unavailable(detail()),
-                _ => StoreError::Other(format!("{} (HTTP {status})", detail())),
+                ) => Class::Unavailable,
+                _ => {
+                    message.push_str(&format!(" (HTTP {status})"));
+                    Class::Other
+                }
             }
         }
-        _ => StoreError::Other(detail()),
+        _ => Class::Other,
+    };
+    match class {
+        Class::Conflict => StoreError::Conflict,
+        Class::NotFound => StoreError::NotFound,
+        Class::Unavailable => StoreError::Unavailable(Failure::caused_by(message, err)),
+        Class::Other => StoreError::Other(Failure::caused_by(message, err)),
     }
 }
 

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{DynStore, Fetched, Object, Store, StoreError, StoreResult};
+use crate::store::{DynStore, Fetched, Object, Store, StoreError, StoreResult};
 
 /// How often each fault happens, as probabilities per request.
 #[derive(Debug, Clone, Copy)]
@@ -127,7 +127,7 @@ impl FaultStore {
 }
 
 fn unavailable(what: &str) -> StoreError {
-    StoreError::Unavailable(format!("injected fault: {what}"))
+    StoreError::unavailable(format!("injected fault: {what}"))
 }
 
 #[async_trait]

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::engine::BrokerError;
+use crate::error::BrokerError;
 use crate::receipt::ReceiptError;
 use crate::store::StoreError;
 
@@ -68,7 +68,6 @@ impl From<BrokerError> for ApiError {
             BrokerError::TopicNotFound => Self::new(S::NOT_FOUND, "topic_not_found", msg),
             BrokerError::TopicConflict => Self::new(S::CONFLICT, "topic_exists", msg),
             BrokerError::InvalidSetting(_) => Self::new(S::BAD_REQUEST, "invalid_setting", msg),
-            BrokerError::BadRequest(_) => Self::new(S::BAD_REQUEST, "invalid_request", msg),
             BrokerError::NoSuchPartition(_) => Self::new(S::BAD_REQUEST, "invalid_partition", msg),
             BrokerError::PayloadTooLarge(_) => {
                 Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", msg)
@@ -83,8 +82,9 @@ impl From<BrokerError> for ApiError {
             BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
             BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),
             BrokerError::Contention | BrokerError::StaleTopic => Self::unavailable("busy", msg),
-            BrokerError::Store(StoreError::Unavailable(detail)) => {
-                tracing::warn!(%detail, "storage unavailable");
+            BrokerError::Store(StoreError::Unavailable(failure)) => {
+                let source = std::error::Error::source(&failure).map(ToString::to_string);
+                tracing::warn!(detail = %failure, ?source, "storage unavailable");
                 Self::unavailable(
                     "storage_unavailable",
                     "storage is temporarily unavailable; retry later",
@@ -96,6 +96,10 @@ impl From<BrokerError> for ApiError {
             }
             BrokerError::Corrupt(detail) => {
                 tracing::error!(%detail, "corrupt stored data");
+                Self::internal()
+            }
+            BrokerError::Internal(detail) => {
+                tracing::error!(%detail, "internal error (a bug)");
                 Self::internal()
             }
         }

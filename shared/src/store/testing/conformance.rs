@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{DynStore, Store, StoreError};
+use crate::store::{DynStore, Store, StoreError};
 
 /// Concurrent writers in the race check.
 pub const WRITERS: usize = 8;
@@ -108,7 +108,7 @@ async fn put_if_match_on_missing_is_not_found(s: &dyn Store, p: &str) {
 }
 
 async fn get_if_changed_is_conditional(s: &dyn Store, p: &str) {
-    use super::Fetched;
+    use crate::store::Fetched;
     let key = format!("{p}/cond/x");
     assert!(matches!(
         s.get_if_changed(&key, "abc").await.unwrap(),

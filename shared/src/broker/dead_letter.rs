@@ -1,0 +1,60 @@
+//! Dead letters (docs/design.md §4): a message delivered `max_deliveries` times without an
+//! ack is parked by the lease transition, then moved here: produced to the topic's
+//! `dead_letter_topic` with an idempotency key derived from (topic, incarnation,
+//! partition, offset), then acked under its system lease. A move that fails halfway is
+//! done again the next time the message is parked; the message is never dropped.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use super::{Broker, NewMessage, Settle};
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::Grant;
+use crate::topic::Topic;
+
+impl Broker {
+    /// Moves a parked message to the dead-letter topic, then settles it here. Failures
+    /// are logged; the message stays parked and is moved again later.
+    pub(super) async fn dead_letter(&self, topic: &Topic, partition: u32, g: Grant) {
+        match self.move_dead_letter(topic, partition, &g).await {
+            Ok(()) => {
+                self.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(
+                topic = %topic.name, partition, offset = g.offset, error = %e,
+                "could not move a message to the dead-letter topic; it will be tried again"
+            ),
+        }
+    }
+
+    async fn move_dead_letter(&self, topic: &Topic, partition: u32, g: &Grant) -> BrokerResult<()> {
+        let Some(dlq) = topic.settings.dead_letter_topic.clone() else {
+            return Err(BrokerError::Internal(
+                "a message was parked for a topic with no dead_letter_topic".into(),
+            ));
+        };
+        if let Some(msg) = self
+            .message(&topic.name, partition, &g.segment, g.offset)
+            .await?
+        {
+            let origin = format!(
+                "{}\n{}\n{partition}\n{}",
+                topic.name, topic.incarnation, g.offset
+            );
+            let digest = Sha256::digest(origin.as_bytes());
+            let id: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            let msg = NewMessage {
+                partition: None,
+                key: msg.key,
+                payload: Bytes::from(msg.payload),
+                idempotency_key: Some(format!("dlq-{id}")),
+            };
+            self.produce(&dlq, msg).await?;
+        }
+        self.committer
+            .settle(topic, partition, g.offset, g.lease_id, Settle::Ack)
+            .await
+    }
+}

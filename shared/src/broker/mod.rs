@@ -1,0 +1,221 @@
+//! The broker: topics, produce, consume, ack, extend, nack and replay over any store.
+//!
+//! One file per operation: [`topics`] (admin and the per-process topic cache),
+//! [`produce`], [`consume`] (leasing), [`replay`], [`settle`] (ack, extend, nack),
+//! [`dead_letter`], [`long_poll`], [`read`] (segment reads) and [`metrics`]. Every state
+//! change goes to the [`Committer`]; the broker itself keeps no state that matters
+//! between requests, so any number of processes (or Lambda instances) may share one
+//! store. What it keeps in memory is only an optimisation or a courtesy: a cache of
+//! immutable segments, topic settings for up to `topic_cache`, the round-robin cursor.
+//!
+//! The rules it serves (leases, receipt handles, flow control) are in
+//! docs/design.md §4 and §5 and are implemented by the pure transitions of
+//! [`crate::partition`].
+
+pub mod consume;
+mod dead_letter;
+mod long_poll;
+mod metrics;
+pub mod produce;
+mod read;
+mod replay;
+mod settle;
+pub mod topics;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::clock::{Clock, IdSource};
+use crate::commit::Committer;
+use crate::config::{BrokerOptions, Config};
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::compact::Swap;
+use crate::receipt::{self, Receipts};
+use crate::segment::SegmentCache;
+use crate::store::metered::MeteredStore;
+use crate::store::DynStore;
+
+pub use crate::partition::Settle;
+pub use crate::topic::Topic;
+pub use consume::{Delivery, MAX_CONSUME_BATCH};
+pub use produce::{NewMessage, Produced};
+pub use topics::PartitionStats;
+
+/// The broker. Cheap to share behind an `Arc`.
+pub struct Broker {
+    store: DynStore,
+    metered: Arc<MeteredStore>,
+    clock: Arc<dyn Clock>,
+    ids: Arc<dyn IdSource>,
+    receipts: Receipts,
+    opts: BrokerOptions,
+    committer: Arc<Committer>,
+    segments: Arc<SegmentCache>,
+    topics: topics::TopicCache,
+    round_robin: AtomicU64,
+    waiting: AtomicI64,
+    dead_lettered: AtomicU64,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("store", &self.store.describe())
+            .finish()
+    }
+}
+
+impl Broker {
+    /// Builds a broker. `receipt_keys` are the configured signing keys (first signs);
+    /// when empty, a key is generated once and kept in the store so every process on
+    /// that store accepts the others' handles.
+    ///
+    /// Errors: [`BrokerError::Store`] when the generated key cannot be read or written.
+    pub async fn new(
+        store: DynStore,
+        clock: Arc<dyn Clock>,
+        ids: Arc<dyn IdSource>,
+        receipt_keys: Vec<Vec<u8>>,
+        opts: BrokerOptions,
+    ) -> BrokerResult<Self> {
+        let metered = MeteredStore::new(store);
+        let store: DynStore = metered.clone();
+        let receipts = match Receipts::new(receipt_keys) {
+            Some(r) => r,
+            None => Receipts::new(vec![receipt::shared_key(&*store, &*ids).await?])
+                .ok_or_else(|| BrokerError::Internal("no receipt key".into()))?,
+        };
+        let segments = Arc::new(SegmentCache::new(opts.segment_cache_entries));
+        let committer = Arc::new(Committer::new(
+            store.clone(),
+            ids.clone(),
+            clock.clone(),
+            segments.clone(),
+            opts.commit_linger,
+        ));
+        Ok(Self {
+            store,
+            metered,
+            clock,
+            ids,
+            receipts,
+            topics: topics::TopicCache::new(opts.topic_cache),
+            opts,
+            committer,
+            segments,
+            round_robin: AtomicU64::new(0),
+            waiting: AtomicI64::new(0),
+            dead_lettered: AtomicU64::new(0),
+        })
+    }
+
+    /// Opens the configured store and builds a broker on it with the configured clock,
+    /// receipt keys and limits: what `narad serve`, `narad gc` and the Lambda functions
+    /// all do at start-up.
+    ///
+    /// Errors: the store's startup failure (missing bucket, no credentials, no
+    /// conditional writes) as [`BrokerError::Store`].
+    pub async fn from_config(cfg: &Config) -> BrokerResult<Self> {
+        let store = crate::store::open(&cfg.store).await?;
+        Self::new(
+            store,
+            cfg.clock(),
+            Arc::new(crate::clock::RandomIds),
+            cfg.receipt_keys.clone(),
+            cfg.broker.clone(),
+        )
+        .await
+    }
+
+    /// The process-level limits.
+    pub fn options(&self) -> &BrokerOptions {
+        &self.opts
+    }
+
+    /// The store this broker runs on (counting requests).
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    /// The clock the broker runs on.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The id source the broker runs on.
+    pub fn ids(&self) -> &dyn IdSource {
+        &*self.ids
+    }
+
+    /// Commits retention alone on one partition (a commit that leases nothing), as the
+    /// maintenance pass does for idle partitions.
+    ///
+    /// Errors: the commit's failure.
+    pub async fn apply_retention(&self, topic: &Topic, partition: u32) -> BrokerResult<()> {
+        self.committer.lease(topic, partition, 0).await.map(|_| ())
+    }
+
+    /// Commits compaction swaps on one partition; returns how many segments were replaced.
+    ///
+    /// Errors: the commit's failure.
+    pub async fn swap_segments(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        swaps: Vec<Swap>,
+    ) -> BrokerResult<u64> {
+        self.committer.compact(topic, partition, swaps).await
+    }
+
+    /// The next partition of this process's round-robin over `n` partitions.
+    fn next_round_robin(&self, n: u32) -> u32 {
+        (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n.max(1))) as u32
+    }
+
+    /// Runs `f` with the topic; if the topic turned out stale (deleted and created again
+    /// meanwhile), reloads it and runs `f` once more.
+    async fn with_topic<T, F, Fut>(&self, name: &str, f: F) -> BrokerResult<T>
+    where
+        F: Fn(Topic) -> Fut,
+        Fut: std::future::Future<Output = BrokerResult<T>>,
+    {
+        let topic = self.topic(name).await?;
+        match f(topic).await {
+            Err(BrokerError::StaleTopic) => {
+                self.topics.forget(name);
+                let topic = self.load_topic(name).await?;
+                match f(topic).await {
+                    Err(BrokerError::StaleTopic) => Err(BrokerError::Contention),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Checks that `p` is a partition of `topic`. A partition beyond cached settings is
+/// reported stale (the topic may have been re-created with more partitions), so it is
+/// checked again against fresh ones.
+///
+/// Errors: [`BrokerError::StaleTopic`], [`BrokerError::NoSuchPartition`].
+fn check_partition(topic: &Topic, p: u32) -> BrokerResult<()> {
+    if p < topic.settings.partitions {
+        Ok(())
+    } else if topic.from_cache {
+        Err(BrokerError::StaleTopic)
+    } else {
+        Err(BrokerError::NoSuchPartition(p))
+    }
+}
+
+/// The partition a key maps to: the first 8 bytes of SHA-256(key), big-endian, modulo
+/// the partition count. Stable across processes and versions.
+pub fn partition_for_key(key: &str, partitions: u32) -> u32 {
+    let d = Sha256::digest(key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    (u64::from_be_bytes(first) % u64::from(partitions.max(1))) as u32
+}

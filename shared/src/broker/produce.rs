@@ -1,0 +1,159 @@
+//! Produce: route each message to a partition and hand each partition's messages to the
+//! committer as one operation (docs/design.md §6).
+//!
+//! The partition is the message's `partition` if given, else the one its key hashes to
+//! ([`super::partition_for_key`]), else the one its idempotency key hashes to (so
+//! retries reach the same partition), else the next in this process's round-robin.
+//! Messages for one partition commit together, in order, with contiguous offsets.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::{check_partition, partition_for_key, Broker};
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::produce::NewStored;
+use crate::segment::StoredMessage;
+use crate::topic::Topic;
+
+/// A message to produce.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// Target partition; with `None`, by key hash, else round-robin.
+    pub partition: Option<u32>,
+    /// The message key.
+    pub key: Option<String>,
+    /// Raw payload.
+    pub payload: Bytes,
+    /// `Idempotency-Key`: a retry within the topic's dedup window appends nothing and
+    /// answers the first produce's partition and offset. Without `partition` or `key`
+    /// it also picks the partition (by hash), so retries reach the same partition.
+    pub idempotency_key: Option<String>,
+}
+
+/// Where a produced message landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Produced {
+    /// Partition.
+    pub partition: u32,
+    /// Offset within the partition.
+    pub offset: u64,
+}
+
+/// One result per message of a batch, in order.
+type Results = Vec<BrokerResult<Produced>>;
+
+impl Broker {
+    /// Appends one message and answers once the manifest write that makes it visible
+    /// has committed.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::NoSuchPartition`],
+    /// [`BrokerError::PayloadTooLarge`], [`BrokerError::Contention`], store failures.
+    pub async fn produce(&self, name: &str, msg: NewMessage) -> BrokerResult<Produced> {
+        let mut r = self.produce_batch(name, vec![msg]).await?;
+        r.pop()
+            .unwrap_or_else(|| Err(BrokerError::Internal("a produce got no result".into())))
+    }
+
+    /// Appends many messages; one result per message, in order.
+    ///
+    /// Errors (whole batch): [`BrokerError::TopicNotFound`]. Per message: as
+    /// [`Broker::produce`].
+    pub async fn produce_batch(
+        &self,
+        name: &str,
+        messages: Vec<NewMessage>,
+    ) -> BrokerResult<Results> {
+        let messages = Arc::new(messages);
+        self.with_topic(name, |topic| {
+            let messages = messages.clone();
+            async move { self.produce_on(&topic, &messages).await }
+        })
+        .await
+    }
+
+    /// The partition of each message (by index), or its refusal in `results`.
+    fn route(
+        &self,
+        topic: &Topic,
+        messages: &[NewMessage],
+        results: &mut [Option<BrokerResult<Produced>>],
+    ) -> BrokerResult<BTreeMap<u32, Vec<usize>>> {
+        let n = topic.settings.partitions;
+        let mut by_partition: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, m) in messages.iter().enumerate() {
+            let max = self.opts.max_message_bytes;
+            let p = if m.payload.len() > max {
+                Err(BrokerError::PayloadTooLarge(max))
+            } else if let Some(p) = m.partition {
+                check_partition(topic, p).map(|()| p)
+            } else if let Some(k) = m.key.as_ref().or(m.idempotency_key.as_ref()) {
+                Ok(partition_for_key(k, n))
+            } else {
+                Ok(self.next_round_robin(n))
+            };
+            match p {
+                Ok(p) => by_partition.entry(p).or_default().push(i),
+                // Cached settings may predate a re-creation: the batch is checked again.
+                Err(BrokerError::StaleTopic) => return Err(BrokerError::StaleTopic),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        Ok(by_partition)
+    }
+
+    async fn produce_on(&self, topic: &Topic, messages: &[NewMessage]) -> BrokerResult<Results> {
+        let now = self.clock.now_ms();
+        let mut results: Vec<Option<BrokerResult<Produced>>> = vec![None; messages.len()];
+        let by_partition = self.route(topic, messages, &mut results)?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for (p, idx) in by_partition {
+            let stored: Vec<NewStored> = idx
+                .iter()
+                .map(|&i| NewStored {
+                    message: StoredMessage::new(
+                        now,
+                        messages[i].key.clone(),
+                        messages[i].payload.to_vec(),
+                    ),
+                    idempotency_key: messages[i].idempotency_key.clone(),
+                })
+                .collect();
+            let (committer, topic) = (self.committer.clone(), topic.clone());
+            tasks.spawn(async move { (p, idx, committer.produce(&topic, p, stored).await) });
+        }
+        let mut stale = false;
+        while let Some(joined) = tasks.join_next().await {
+            let (p, idx, outcome) =
+                joined.map_err(|e| BrokerError::Internal(format!("produce task: {e}")))?;
+            match outcome {
+                Ok(offsets) => {
+                    for (offset, i) in offsets.into_iter().zip(idx) {
+                        results[i] = Some(Ok(Produced {
+                            partition: p,
+                            offset,
+                        }));
+                    }
+                }
+                Err(e) => {
+                    stale |= matches!(e, BrokerError::StaleTopic);
+                    for i in idx {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        // Nothing of a stale batch was committed; the caller retries it whole.
+        if stale && results.iter().all(|r| !matches!(r, Some(Ok(_)))) {
+            return Err(BrokerError::StaleTopic);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(BrokerError::Internal("a message got no result".into())))
+            })
+            .collect())
+    }
+}

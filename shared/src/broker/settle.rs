@@ -1,0 +1,99 @@
+//! Ack, extend and nack by receipt handle (docs/design.md §4).
+//!
+//! Every handle's signature is verified before any storage call, so a forged or foreign
+//! handle costs nothing; then each valid handle becomes one settle operation on its
+//! partition's committer, where the pure transition [`crate::partition::settle`] decides.
+//! Handles on one partition share a commit.
+
+use std::sync::Arc;
+
+use super::{Broker, Settle};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+use crate::receipt::Claims;
+use crate::topic::Topic;
+
+impl Broker {
+    /// Acks, extends or nacks the lease a receipt handle names.
+    ///
+    /// Errors: [`BrokerError::Receipt`] (malformed: 400; not ours: 410),
+    /// [`BrokerError::LeaseGone`] (410), [`BrokerError::AckedAheadFull`] (503),
+    /// [`BrokerError::TopicNotFound`].
+    pub async fn settle(&self, name: &str, handle: &str, action: Settle) -> BrokerResult<()> {
+        let mut r = self
+            .settle_batch(name, &[(handle.to_owned(), action)])
+            .await?;
+        r.pop()
+            .unwrap_or_else(|| Err(BrokerError::Internal("a settle got no result".into())))
+    }
+
+    /// Settles many handles at once; one result per handle, in order.
+    ///
+    /// Errors (whole batch): [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
+    pub async fn settle_batch(
+        &self,
+        name: &str,
+        entries: &[(String, Settle)],
+    ) -> BrokerResult<Vec<BrokerResult<()>>> {
+        keys::validate_topic(name)?;
+        // Signatures first: a forged handle costs no storage call.
+        let claims: Vec<BrokerResult<Claims>> = entries
+            .iter()
+            .map(|(h, _)| self.receipts.verify(h, name).map_err(BrokerError::from))
+            .collect();
+        if claims.iter().all(|c| c.is_err()) {
+            return Ok(claims.into_iter().map(|c| c.map(|_| ())).collect());
+        }
+        let claims = Arc::new(claims);
+        self.with_topic(name, |topic| {
+            let claims = claims.clone();
+            async move { self.settle_on(&topic, entries, &claims).await }
+        })
+        .await
+    }
+
+    async fn settle_on(
+        &self,
+        topic: &Topic,
+        entries: &[(String, Settle)],
+        claims: &[BrokerResult<Claims>],
+    ) -> BrokerResult<Vec<BrokerResult<()>>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut results: Vec<Option<BrokerResult<()>>> = vec![None; entries.len()];
+        for (i, (c, (_, action))) in claims.iter().zip(entries).enumerate() {
+            match c {
+                Err(e) => results[i] = Some(Err(e.clone())),
+                Ok(c) if c.partition >= topic.settings.partitions => {
+                    if topic.from_cache {
+                        return Err(BrokerError::StaleTopic);
+                    }
+                    results[i] = Some(Err(BrokerError::LeaseGone))
+                }
+                Ok(c) => {
+                    let (committer, topic) = (self.committer.clone(), topic.clone());
+                    let (p, offset, lease_id, action) =
+                        (c.partition, c.offset, c.lease_id, *action);
+                    tasks.spawn(async move {
+                        (
+                            i,
+                            committer.settle(&topic, p, offset, lease_id, action).await,
+                        )
+                    });
+                }
+            }
+        }
+        while let Some(joined) = tasks.join_next().await {
+            let (i, r) = joined.map_err(|e| BrokerError::Internal(format!("settle task: {e}")))?;
+            if matches!(r, Err(BrokerError::StaleTopic)) {
+                return Err(BrokerError::StaleTopic);
+            }
+            results[i] = Some(r);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(BrokerError::Internal("a handle got no result".into())))
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,261 @@
+//! Topic administration: create, list, get, change, delete, and per-partition stats.
+//!
+//! The topic record is a [`crate::cas`] record (docs/design.md §2): create is a
+//! put-if-absent that answers the existing topic when it has the same settings; change
+//! is a conditional replace of the settings that may change. Settings are cached in this
+//! process for `topic_cache` (a request the cached settings refuse is checked again
+//! against fresh ones, see [`super::check_partition`]).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::Broker;
+use crate::cas::{Cell, Decision, Pure, Snapshot};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+use crate::partition::Manifest;
+use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
+use crate::topic::{Topic, TopicRecord};
+
+/// One partition's state, for `GET /v1/topics/{topic}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionStats {
+    /// Partition.
+    pub partition: u32,
+    /// Oldest retained offset.
+    pub start_offset: u64,
+    /// Lowest unsettled offset.
+    pub frontier: u64,
+    /// Offset the next message gets.
+    pub next_offset: u64,
+    /// Unsettled messages not in flight.
+    pub available: u64,
+    /// Live leases.
+    pub in_flight: u64,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: u64,
+    /// Retained segment objects.
+    pub segments: u64,
+    /// Retained payload bytes.
+    pub bytes: u64,
+    /// Manifest version.
+    pub version: u64,
+}
+
+/// Topic settings cached in this process.
+pub(super) struct TopicCache {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (Instant, Topic)>>,
+}
+
+impl TopicCache {
+    pub(super) fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, (Instant, Topic)>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fresh(&self, name: &str) -> Option<Topic> {
+        let map = self.lock();
+        let (at, t) = map.get(name)?;
+        (at.elapsed() < self.ttl).then(|| Topic {
+            from_cache: true,
+            ..t.clone()
+        })
+    }
+
+    fn put(&self, topic: &Topic) {
+        self.lock()
+            .insert(topic.name.clone(), (Instant::now(), topic.clone()));
+    }
+
+    pub(super) fn forget(&self, name: &str) {
+        self.lock().remove(name);
+    }
+}
+
+/// What a create found.
+enum Created {
+    New,
+    Existing,
+}
+
+impl Broker {
+    fn record_cell<'a>(&'a self, key: &'a str) -> Cell<'a, Option<TopicRecord>> {
+        Cell::new(&*self.store, &*self.ids, key, &())
+    }
+
+    /// Keeps a topic just read or written in the cache, as a [`Topic`].
+    fn remember(&self, name: &str, snap: Snapshot<Option<TopicRecord>>) -> BrokerResult<Topic> {
+        let (Some(rec), Some(etag)) = (snap.value, snap.etag) else {
+            self.topics.forget(name);
+            return Err(BrokerError::TopicNotFound);
+        };
+        let topic = Topic::from_record(name, rec, etag);
+        self.topics.put(&topic);
+        Ok(topic)
+    }
+
+    /// Loads a topic's settings, from this process's short-lived cache when fresh.
+    ///
+    /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
+    pub async fn topic(&self, name: &str) -> BrokerResult<Topic> {
+        keys::validate_topic(name)?;
+        match self.topics.fresh(name) {
+            Some(t) => Ok(t),
+            None => self.load_topic(name).await,
+        }
+    }
+
+    /// Reads a topic's settings from the store, refreshing the cache.
+    ///
+    /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
+    pub async fn load_topic(&self, name: &str) -> BrokerResult<Topic> {
+        keys::validate_topic(name)?;
+        let key = keys::topic_settings(name);
+        let snap = self.record_cell(&key).read::<BrokerError>().await?;
+        self.remember(name, snap)
+    }
+
+    /// Creates a topic. Returns `(true, topic)` when created, `(false, topic)` when it
+    /// already existed with the same settings.
+    ///
+    /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::InvalidSetting`],
+    /// [`BrokerError::TopicConflict`] when it exists with other settings.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        input: &SettingsInput,
+    ) -> BrokerResult<(bool, Topic)> {
+        keys::validate_topic(name)?;
+        let settings = input.to_new()?;
+        not_own_dead_letter_topic(name, &settings)?;
+        let new = TopicRecord {
+            settings,
+            incarnation: self.ids.new_id(),
+            created_at_ms: self.clock.now_ms(),
+        };
+        let key = keys::topic_settings(name);
+        let (created, snap) = self
+            .record_cell(&key)
+            .update(Pure(|cur: &mut Option<TopicRecord>| match cur {
+                Some(old) if old.settings == new.settings => Ok(Decision::Keep(Created::Existing)),
+                Some(_) => Err(BrokerError::TopicConflict),
+                None => {
+                    *cur = Some(new.clone());
+                    Ok(Decision::Commit(Created::New))
+                }
+            }))
+            .await?;
+        let topic = self.remember(name, snap)?;
+        Ok((matches!(created, Created::New), topic))
+    }
+
+    /// Every topic, sorted by name.
+    ///
+    /// Errors: store failures.
+    pub async fn list_topics(&self) -> BrokerResult<Vec<Topic>> {
+        let keys = self.store.list(keys::TOPICS_PREFIX).await?;
+        let mut out = Vec::new();
+        for name in keys.iter().filter_map(|k| keys::topic_of_settings_key(k)) {
+            match self.load_topic(name).await {
+                Ok(t) => out.push(t),
+                Err(BrokerError::TopicNotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Changes the settings that can change.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::InvalidSetting`].
+    pub async fn patch_topic(&self, name: &str, input: &SettingsInput) -> BrokerResult<Topic> {
+        keys::validate_topic(name)?;
+        let key = keys::topic_settings(name);
+        let (_, snap) = self
+            .record_cell(&key)
+            .update(Pure(|cur: &mut Option<TopicRecord>| {
+                let Some(rec) = cur else {
+                    return Err(BrokerError::TopicNotFound);
+                };
+                let settings = input.apply_to(&rec.settings)?;
+                not_own_dead_letter_topic(name, &settings)?;
+                if settings == rec.settings {
+                    return Ok(Decision::Keep(()));
+                }
+                rec.settings = settings;
+                Ok(Decision::Commit(()))
+            }))
+            .await?;
+        let topic = self.remember(name, snap)?;
+        self.committer.wakers().wake(name);
+        Ok(topic)
+    }
+
+    /// Deletes a topic and every object under it. The settings object goes first, so
+    /// the topic disappears at once; leftovers of an interrupted delete belong to a dead
+    /// incarnation and are ignored by a new topic of the same name.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`].
+    pub async fn delete_topic(&self, name: &str) -> BrokerResult<()> {
+        self.load_topic(name).await?;
+        self.topics.forget(name);
+        self.store.delete(&keys::topic_settings(name)).await?;
+        for key in self.store.list(&keys::topic_prefix(name)).await? {
+            self.store.delete(&key).await?;
+        }
+        self.committer.wakers().wake(name);
+        Ok(())
+    }
+
+    /// Per-partition state of a topic.
+    ///
+    /// Errors: store failures, [`BrokerError::StaleTopic`].
+    pub async fn partition_stats(&self, topic: &Topic) -> BrokerResult<Vec<PartitionStats>> {
+        let now = self.clock.now_ms();
+        let mut out = Vec::new();
+        for p in 0..topic.settings.partitions {
+            let m = self.read_manifest(topic, p).await?;
+            let in_flight = m.in_flight(now) as u64;
+            let acked = m.acked_ahead.len() as u64;
+            out.push(PartitionStats {
+                partition: p,
+                start_offset: m.start_offset,
+                frontier: m.frontier,
+                next_offset: m.next_offset,
+                available: (m.next_offset - m.frontier).saturating_sub(in_flight + acked),
+                in_flight,
+                acked_ahead: acked,
+                segments: m.segments.len() as u64,
+                bytes: m.segments.iter().map(|s| s.bytes).sum(),
+                version: m.version,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A partition's manifest as stored now.
+    ///
+    /// Errors: store failures, [`BrokerError::Corrupt`], [`BrokerError::StaleTopic`].
+    pub async fn read_manifest(&self, topic: &Topic, partition: u32) -> BrokerResult<Manifest> {
+        let key = keys::manifest(&topic.name, partition);
+        let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &key, &topic.incarnation);
+        Ok(cell.read::<BrokerError>().await?.value)
+    }
+}
+
+fn not_own_dead_letter_topic(name: &str, s: &TopicSettings) -> BrokerResult<()> {
+    if s.dead_letter_topic.as_deref() == Some(name) {
+        return Err(InvalidSetting("dead_letter_topic must be another topic".into()).into());
+    }
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! The one CAS'd object: read → apply → conditional write → on conflict re-read and retry.
+//!
+//! Every object Narad changes in place (a partition manifest, a topic record, the
+//! generated receipt key) is a [`Cell`] over a [`Stored`] type, and every change goes
+//! through [`Cell::update`] or [`Cell::update_cached`]. This is the only place in the
+//! code that loops on a conditional write (docs/design.md §3).
+//!
+//! The protocol of one update:
+//!
+//! 1. Start from a snapshot: the caller's cached one (speculative, no read), or a fresh
+//!    read. A missing object reads as [`Stored::absent`].
+//! 2. [`Change::prepare`] may do I/O the change depends on (the committer writes the
+//!    batch's segment here, planned against this very state), then [`Change::apply`], a
+//!    pure function, edits a copy on which [`Stored::next_write`] already ran (the
+//!    manifest's version is already the one this write will have).
+//! 3. [`Decision::Commit`] writes the copy with `If-Match` (or `If-None-Match: *` when no
+//!    object exists). [`Decision::Keep`] writes nothing; taken on a cached snapshot, it
+//!    is first confirmed with a conditional read (`If-None-Match`, a 304 on S3).
+//! 4. A lost race (`Conflict`, or `NotFound` on a replace) re-reads and tries again: at
+//!    once the first time after a speculative attempt (a stale cache is expected to miss
+//!    once), after full-jitter backoff ([`backoff`]) otherwise, at most [`MAX_ATTEMPTS`]
+//!    times; then [`CasError::Contention`].
+//! 5. An ambiguous failure (timeout, 5xx: the write may have landed) re-reads; if the
+//!    type records write ids ([`Stored::stamp`]) and the stored object carries this
+//!    write's id, the write landed and the update succeeds instead of applying twice.
+//!    Types that record no write ids report the failure.
+//!
+//! Errors are typed ([`CasError`]): the change's own refusal, contention, the store's
+//! failure, a stored object that does not decode, or one that belongs to a newer
+//! generation than the caller's view ([`CasError::Superseded`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::clock::IdSource;
+use crate::store::{Fetched, Object, Store, StoreError};
+
+/// How many times an update tries before giving up with [`CasError::Contention`].
+pub const MAX_ATTEMPTS: u32 = 24;
+
+/// Why a stored object could not be taken as the caller's state.
+#[derive(Debug)]
+pub enum Invalid {
+    /// The bytes do not decode.
+    Corrupt(String),
+    /// The object belongs to a newer generation than the caller's context (a topic that
+    /// was deleted and created again).
+    Superseded,
+}
+
+/// A type kept as one conditionally replaced object.
+pub trait Stored: Clone + Send + Sync + Sized + 'static {
+    /// What decoding needs to know from the caller (the manifest: the topic incarnation).
+    type Context: Send + Sync;
+
+    /// The state when no object exists.
+    fn absent(ctx: &Self::Context) -> Self;
+
+    /// Decodes stored bytes.
+    ///
+    /// Errors: [`Invalid`].
+    fn decode(data: &[u8], ctx: &Self::Context) -> Result<Self, Invalid>;
+
+    /// The bytes to store.
+    ///
+    /// Errors: a description of why the value cannot be encoded (a bug).
+    fn encode(&self) -> Result<Bytes, String>;
+
+    /// Prepares a copy for the next write, before the change sees it.
+    fn next_write(&mut self) {}
+
+    /// Records `write_id` in the copy about to be written. Returns `false` when the type
+    /// keeps no write ids (no lost-response recovery).
+    fn stamp(&mut self, _write_id: &str) -> bool {
+        false
+    }
+
+    /// True if the write with `write_id` is part of this state.
+    fn written_by(&self, _write_id: &str) -> bool {
+        false
+    }
+}
+
+/// A plain JSON record kept as one object; `Option<T>` is the stored state (`None`:
+/// absent). Records keep no write ids.
+pub trait JsonRecord: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {}
+
+impl<T: JsonRecord> Stored for Option<T> {
+    type Context = ();
+
+    fn absent(_: &()) -> Self {
+        None
+    }
+
+    fn decode(data: &[u8], _: &()) -> Result<Self, Invalid> {
+        serde_json::from_slice(data)
+            .map(Some)
+            .map_err(|e| Invalid::Corrupt(e.to_string()))
+    }
+
+    fn encode(&self) -> Result<Bytes, String> {
+        match self {
+            Some(v) => serde_json::to_vec(v)
+                .map(Bytes::from)
+                .map_err(|e| e.to_string()),
+            None => Err("an absent record cannot be written".into()),
+        }
+    }
+}
+
+/// A state as read, with the ETag to write against (`None`: no object yet).
+#[derive(Debug, Clone)]
+pub struct Snapshot<S> {
+    /// The state.
+    pub value: S,
+    /// ETag of the stored object, if one exists.
+    pub etag: Option<String>,
+}
+
+/// What a change decided about the copy it was given.
+#[derive(Debug)]
+pub enum Decision<T> {
+    /// Write the changed copy, then return the value.
+    Commit(T),
+    /// Write nothing; return the value.
+    Keep(T),
+}
+
+/// Why an update or read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CasError<E> {
+    /// The change refused (its own error type).
+    #[error("{0}")]
+    Rejected(E),
+    /// Too many concurrent writers; retry later.
+    #[error("contention: gave up after {MAX_ATTEMPTS} attempts")]
+    Contention,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The stored object belongs to a newer generation than the caller's view.
+    #[error("the object belongs to a newer generation; reload")]
+    Superseded,
+    /// The stored object does not decode.
+    #[error("corrupt stored object {key}: {detail}")]
+    Corrupt {
+        /// Its key.
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The new state could not be encoded (a bug).
+    #[error("cannot encode {key}: {detail}")]
+    Encode {
+        /// Its key.
+        key: String,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// One change of a [`Cell`]'s state. See the module documentation for when each
+/// method runs.
+pub trait Change<S> {
+    /// What the update returns.
+    type Output;
+    /// The change's own refusal.
+    type Error;
+
+    /// Runs before every attempt with the state the attempt starts from; may do I/O
+    /// the change depends on. It cannot fail: it records what it needs for `apply`.
+    fn prepare(&mut self, _state: &S) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Edits `state` (a copy). Must be a pure function of the state and what `prepare`
+    /// recorded: it may run several times.
+    ///
+    /// Errors: the change's refusal, which ends the update with [`CasError::Rejected`].
+    fn apply(&mut self, state: &mut S) -> Result<Decision<Self::Output>, Self::Error>;
+}
+
+/// A [`Change`] that is only a pure function.
+pub struct Pure<F>(pub F);
+
+impl<S, T, E, F> Change<S> for Pure<F>
+where
+    F: FnMut(&mut S) -> Result<Decision<T>, E>,
+{
+    type Output = T;
+    type Error = E;
+
+    fn apply(&mut self, state: &mut S) -> Result<Decision<T>, E> {
+        (self.0)(state)
+    }
+}
+
+/// One object of type `S` at `key`.
+pub struct Cell<'a, S: Stored> {
+    store: &'a dyn Store,
+    ids: &'a dyn IdSource,
+    key: &'a str,
+    ctx: &'a S::Context,
+}
+
+impl<'a, S: Stored> Cell<'a, S> {
+    /// The object at `key`, decoded with `ctx`; `ids` stamps write ids.
+    pub fn new(
+        store: &'a dyn Store,
+        ids: &'a dyn IdSource,
+        key: &'a str,
+        ctx: &'a S::Context,
+    ) -> Self {
+        Self {
+            store,
+            ids,
+            key,
+            ctx,
+        }
+    }
+
+    /// Reads the current state.
+    ///
+    /// Errors: [`CasError::Store`], [`CasError::Corrupt`], [`CasError::Superseded`].
+    pub async fn read<E>(&self) -> Result<Snapshot<S>, CasError<E>> {
+        match self.store.get(self.key).await? {
+            None => Ok(self.absent()),
+            Some(obj) => self.decode(obj),
+        }
+    }
+
+    fn absent(&self) -> Snapshot<S> {
+        Snapshot {
+            value: S::absent(self.ctx),
+            etag: None,
+        }
+    }
+
+    fn decode<E>(&self, obj: Object) -> Result<Snapshot<S>, CasError<E>> {
+        match S::decode(&obj.data, self.ctx) {
+            Ok(value) => Ok(Snapshot {
+                value,
+                etag: Some(obj.etag),
+            }),
+            Err(Invalid::Superseded) => Err(CasError::Superseded),
+            Err(Invalid::Corrupt(detail)) => Err(CasError::Corrupt {
+                key: self.key.to_owned(),
+                detail,
+            }),
+        }
+    }
+
+    /// Makes `snap` the current stored state with a conditional read that transfers no
+    /// body when nothing changed. Returns `true` if `snap` was already current.
+    async fn refresh<E>(&self, snap: &mut Snapshot<S>) -> Result<bool, CasError<E>> {
+        let fetched = match &snap.etag {
+            Some(etag) => self.store.get_if_changed(self.key, etag).await?,
+            None => match self.store.get(self.key).await? {
+                None => Fetched::Missing,
+                Some(o) => Fetched::Object(o),
+            },
+        };
+        match fetched {
+            Fetched::Unchanged => Ok(true),
+            Fetched::Missing if snap.etag.is_none() => Ok(true),
+            Fetched::Missing => {
+                *snap = self.absent();
+                Ok(false)
+            }
+            Fetched::Object(o) => {
+                *snap = self.decode(o)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Applies `change` starting from a fresh read. Returns the change's value and the
+    /// state as written (or as read, for `Keep`).
+    ///
+    /// Errors: see [`Cell::update_cached`].
+    pub async fn update<C: Change<S>>(
+        &self,
+        change: C,
+    ) -> Result<(C::Output, Snapshot<S>), CasError<C::Error>> {
+        let mut change = change;
+        self.update_cached(&mut None, &mut change).await
+    }
+
+    /// Applies `change` starting from `cache` when it holds a snapshot (speculatively,
+    /// with no read), else from a fresh read. On return `cache` holds the latest known
+    /// state, or `None` after an error.
+    ///
+    /// Errors: the change's refusal as [`CasError::Rejected`]; [`CasError::Contention`]
+    /// after [`MAX_ATTEMPTS`] lost races; [`CasError::Superseded`]; [`CasError::Corrupt`];
+    /// [`CasError::Store`] when the store fails, including an ambiguous write that a
+    /// re-read cannot confirm.
+    pub async fn update_cached<C: Change<S>>(
+        &self,
+        cache: &mut Option<Snapshot<S>>,
+        change: &mut C,
+    ) -> Result<(C::Output, Snapshot<S>), CasError<C::Error>> {
+        let (mut snap, mut fresh) = match cache.take() {
+            Some(s) => (s, false),
+            None => (self.read().await?, true),
+        };
+        for attempt in 0..MAX_ATTEMPTS {
+            change.prepare(&snap.value).await;
+            let mut next = snap.value.clone();
+            next.next_write();
+            let value = match change.apply(&mut next).map_err(CasError::Rejected)? {
+                Decision::Keep(v) => {
+                    if !fresh {
+                        fresh = true;
+                        if !self.refresh(&mut snap).await? {
+                            continue;
+                        }
+                    }
+                    *cache = Some(snap.clone());
+                    return Ok((v, snap));
+                }
+                Decision::Commit(v) => v,
+            };
+            match self.write(&snap, next).await? {
+                Written::Landed(s) => {
+                    *cache = Some(s.clone());
+                    return Ok((value, s));
+                }
+                Written::Lost(current) => {
+                    // A stale cache is expected to miss once: re-read at once. Real races back off.
+                    if fresh {
+                        backoff(attempt).await;
+                    }
+                    snap = current;
+                    fresh = true;
+                }
+            }
+        }
+        Err(CasError::Contention)
+    }
+
+    /// Writes `next` against `snap`'s ETag, recovering a lost response by write id.
+    async fn write<E>(&self, snap: &Snapshot<S>, mut next: S) -> Result<Written<S>, CasError<E>> {
+        let write_id = self.ids.new_id();
+        let recoverable = next.stamp(&write_id);
+        let body = next.encode().map_err(|detail| CasError::Encode {
+            key: self.key.to_owned(),
+            detail,
+        })?;
+        let put = match &snap.etag {
+            None => self.store.put_if_absent(self.key, body).await,
+            Some(etag) => self.store.put_if_match(self.key, body, etag).await,
+        };
+        match put {
+            Ok(etag) => Ok(Written::Landed(Snapshot {
+                value: next,
+                etag: Some(etag),
+            })),
+            Err(StoreError::Conflict) | Err(StoreError::NotFound) => {
+                Ok(Written::Lost(self.read().await?))
+            }
+            Err(StoreError::Unavailable(why)) if recoverable => {
+                // The write may have landed. Look for our write id before retrying.
+                let Ok(current) = self.read::<E>().await else {
+                    return Err(CasError::Store(StoreError::Unavailable(why)));
+                };
+                if current.value.written_by(&write_id) {
+                    return Ok(Written::Landed(current));
+                }
+                Ok(Written::Lost(current))
+            }
+            Err(e) => Err(CasError::Store(e)),
+        }
+    }
+}
+
+enum Written<S> {
+    /// The write landed; the state as written.
+    Landed(Snapshot<S>),
+    /// It did not; the current state.
+    Lost(Snapshot<S>),
+}
+
+/// Full-jitter exponential backoff: up to 2 ms × 2^attempt, capped at 100 ms. The one
+/// retry policy for conditional writes.
+pub async fn backoff(attempt: u32) {
+    let cap = (2u64 << attempt.min(6)).min(100);
+    let ms = rand::thread_rng().gen_range(0..=cap);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}

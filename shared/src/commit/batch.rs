@@ -1,0 +1,282 @@
+//! One batch of the committer: plan, write the segment, one manifest CAS, answer.
+//!
+//! The manifest write goes through [`crate::cas::Cell::update_cached`] with a
+//! [`BatchCommit`] change. Before every attempt its `prepare` plans the produces against
+//! the state that attempt starts from (which messages are new, which are retries of
+//! remembered idempotency keys) and writes one segment with exactly the new messages;
+//! a later attempt reuses that segment unless its plan differs (another writer committed
+//! one of the keys meanwhile), in which case it writes a fresh one and the old one is
+//! left to garbage collection. `apply` is then the pure
+//! [`crate::partition::batch::apply`].
+//!
+//! The segment write first re-checks the topic record (a conditional GET, 304 when
+//! unchanged) so that nothing is committed into a topic that was deleted and created
+//! again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
+//! retries them against the current topic. A segment older than
+//! [`super::MAX_SEGMENT_AGE_AT_COMMIT_MS`] is never committed.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::{Committer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+use crate::partition::batch::{self, Applied, Batch};
+use crate::partition::produce::Plan;
+use crate::partition::{Leased, Manifest, Rules, SegmentRef};
+use crate::segment::{Segment, StoredMessage};
+use crate::settings::TopicSettings;
+use crate::store::Fetched;
+use crate::topic::TopicRecord;
+
+/// The callers of a batch, group by group in the batch's order.
+#[derive(Default)]
+struct Replies {
+    produced: Vec<oneshot::Sender<BrokerResult<Vec<u64>>>>,
+    settled: Vec<oneshot::Sender<BrokerResult<()>>>,
+    leased: Vec<oneshot::Sender<BrokerResult<Leased>>>,
+    compacted: Vec<oneshot::Sender<BrokerResult<u64>>>,
+}
+
+impl Replies {
+    fn len(&self) -> usize {
+        self.produced.len() + self.settled.len() + self.leased.len() + self.compacted.len()
+    }
+
+    /// Answers every caller with its own result.
+    fn answer(self, applied: Applied, refused: Option<&BrokerError>) {
+        for (tx, r) in self.produced.into_iter().zip(applied.produced) {
+            let r = r.ok_or_else(|| {
+                refused.cloned().unwrap_or_else(|| {
+                    BrokerError::Internal("a produce found no segment and no refusal".into())
+                })
+            });
+            let _ = tx.send(r);
+        }
+        for (tx, r) in self.settled.into_iter().zip(applied.settled) {
+            let _ = tx.send(r.map_err(BrokerError::from));
+        }
+        for (tx, r) in self.leased.into_iter().zip(applied.leased) {
+            let _ = tx.send(Ok(r));
+        }
+        for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
+            let _ = tx.send(Ok(r));
+        }
+    }
+
+    /// Answers every caller with `e`.
+    fn fail(self, e: &BrokerError) {
+        fn all<T>(txs: Vec<oneshot::Sender<BrokerResult<T>>>, e: &BrokerError) {
+            for tx in txs {
+                let _ = tx.send(Err(e.clone()));
+            }
+        }
+        all(self.produced, e);
+        all(self.settled, e);
+        all(self.leased, e);
+        all(self.compacted, e);
+    }
+}
+
+/// Splits queued operations into the pure batch and the callers to answer.
+fn split(pending: Vec<Pending>) -> (Batch, Replies, String) {
+    // Retention and the dedup window follow the first operation's view of the topic.
+    let rules = pending
+        .first()
+        .map_or_else(|| Rules::from(&TopicSettings::default()), |p| p.rules);
+    let mut batch = Batch::new(rules);
+    let mut replies = Replies::default();
+    let mut topic_etag = None;
+    for p in pending {
+        topic_etag.get_or_insert(p.topic_etag);
+        match p.op {
+            Op::Produce(msgs, tx) => {
+                batch.produces.push(msgs);
+                replies.produced.push(tx);
+            }
+            Op::Settle(op, tx) => {
+                batch.settles.push(op);
+                replies.settled.push(tx);
+            }
+            Op::Lease(max, tx) => {
+                batch.leases.push(batch::LeaseOp {
+                    max,
+                    rules: p.rules,
+                });
+                replies.leased.push(tx);
+            }
+            Op::Compact(swaps, tx) => {
+                batch.swaps.push(swaps);
+                replies.compacted.push(tx);
+            }
+        }
+    }
+    (batch, replies, topic_etag.unwrap_or_default())
+}
+
+/// The manifest change of one batch (see the module documentation).
+struct BatchCommit<'a> {
+    committer: &'a Committer,
+    q: &'a Queue,
+    topic_etag: String,
+    batch: Batch,
+    now: u64,
+    /// The plan of the current attempt.
+    plan: Option<Plan>,
+    /// The plan the current segment (or refusal) was made for.
+    written_for: Option<Plan>,
+    segment: Option<SegmentRef>,
+    refused: Option<BrokerError>,
+    /// Whether the last `apply` decided to write.
+    wrote: bool,
+}
+
+impl Change<Manifest> for BatchCommit<'_> {
+    type Output = Applied;
+    type Error = Infallible;
+
+    async fn prepare(&mut self, state: &Manifest) {
+        let plan = Plan::new(&self.batch.produces, state, self.now);
+        if self.written_for.as_ref() != Some(&plan) {
+            (self.segment, self.refused) = (None, None);
+            if plan.needs_segment() {
+                let messages = plan.new_messages(&self.batch.produces);
+                match self
+                    .committer
+                    .write_segment(self.q, &self.topic_etag, messages)
+                    .await
+                {
+                    Ok(seg) => self.segment = Some(seg),
+                    Err(e) => self.refused = Some(e),
+                }
+            }
+            self.written_for = Some(plan.clone());
+        }
+        // A segment must never be committed after garbage collection could have taken
+        // it for an orphan: if this process stalled since writing it, give up on it.
+        if let Some(seg) = &self.segment {
+            let written = keys::segment_time(&seg.id).unwrap_or(0);
+            let age = self.committer.clock.now_ms().saturating_sub(written);
+            if age > MAX_SEGMENT_AGE_AT_COMMIT_MS {
+                (self.segment, self.refused) = (None, Some(BrokerError::Contention));
+            }
+        }
+        self.plan = Some(plan);
+    }
+
+    fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
+        let fallback;
+        let plan = match &self.plan {
+            Some(p) => p,
+            None => {
+                fallback = Plan::new(&self.batch.produces, m, self.now);
+                &fallback
+            }
+        };
+        let d = batch::apply(m, self.now, &self.batch, plan, self.segment.as_ref());
+        self.wrote = matches!(d, Decision::Commit(_));
+        Ok(d)
+    }
+}
+
+impl Committer {
+    /// Runs one batch; returns the manifest snapshot to cache for the next one.
+    pub(super) async fn run_batch(
+        &self,
+        q: &Queue,
+        pending: Vec<Pending>,
+        mut cache: Option<Snapshot<Manifest>>,
+    ) -> Option<Snapshot<Manifest>> {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let (batch, replies, topic_etag) = split(pending);
+        let mut change = BatchCommit {
+            committer: self,
+            q,
+            topic_etag,
+            batch,
+            now: self.clock.now_ms(),
+            plan: None,
+            written_for: None,
+            segment: None,
+            refused: None,
+            wrote: false,
+        };
+        let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
+        match cell.update_cached(&mut cache, &mut change).await {
+            Ok((applied, _)) => {
+                if change.wrote {
+                    self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                    let n = replies.len() as u64;
+                    self.stats.committed_ops.fetch_add(n, Ordering::Relaxed);
+                }
+                let (dropped, wake) = (applied.dropped.clone(), applied.wake);
+                replies.answer(applied, change.refused.as_ref());
+                self.delete_expired(q, &dropped).await;
+                if wake {
+                    self.wakers.wake(&q.topic);
+                }
+                cache
+            }
+            Err(e) => {
+                replies.fail(&BrokerError::from(e));
+                None
+            }
+        }
+    }
+
+    /// Deletes the objects of segments retention removed (after the commit landed).
+    async fn delete_expired(&self, q: &Queue, dropped: &[SegmentRef]) {
+        for seg in dropped {
+            let key = keys::segment(&q.topic, q.partition, &seg.id);
+            if let Err(e) = self.store.delete(&key).await {
+                tracing::warn!(%key, error = %e, "could not delete expired segment");
+            }
+        }
+    }
+
+    /// Writes the batch's segment after checking the topic is still the one the
+    /// producers saw.
+    async fn write_segment(
+        &self,
+        q: &Queue,
+        topic_etag: &str,
+        messages: Vec<StoredMessage>,
+    ) -> BrokerResult<SegmentRef> {
+        let settings_key = keys::topic_settings(&q.topic);
+        match self.store.get_if_changed(&settings_key, topic_etag).await? {
+            Fetched::Unchanged => {}
+            Fetched::Missing => return Err(BrokerError::StaleTopic),
+            Fetched::Object(o) => {
+                // Settings may have changed (PATCH); only a new incarnation is stale.
+                let same = match Option::<TopicRecord>::decode(&o.data, &()) {
+                    Ok(Some(rec)) => rec.incarnation == q.incarnation,
+                    Ok(None) | Err(Invalid::Corrupt(_)) | Err(Invalid::Superseded) => false,
+                };
+                if !same {
+                    return Err(BrokerError::StaleTopic);
+                }
+            }
+        }
+        let last_produced_ms = messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0);
+        let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
+        let count = messages.len() as u32;
+        let seg = Segment { messages };
+        let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
+        // Written before the commit; if the commit never lands this object is an orphan.
+        let key = keys::segment(&q.topic, q.partition, &id);
+        self.store.put_if_absent(&key, seg.encode()?).await?;
+        // Consumers in this process read it from memory.
+        self.segments.put(key, Arc::new(seg));
+        Ok(SegmentRef {
+            id,
+            base_offset: 0,
+            count,
+            last_produced_ms,
+            bytes,
+        })
+    }
+}

@@ -1,0 +1,303 @@
+//! Group commit: one segment PUT and one manifest CAS for many operations
+//! (docs/design.md §6).
+//!
+//! Every produce, lease (consume), settle (ack, extend, nack) and compaction swap on a
+//! partition goes through the [`Committer`], one typed call each ([`Committer::produce`],
+//! [`Committer::lease`], [`Committer::settle`], [`Committer::compact`]). Operations
+//! submitted while a commit is in flight queue up; when it lands, one task takes the whole
+//! queue (up to [`MAX_BATCH_BYTES`] of payload) and runs it as one batch
+//! ([`batch`]): one segment for every new message, one conditional manifest write
+//! applying the pure transition [`crate::partition::batch::apply`], and each caller
+//! answered only after that write landed, each with its own result (one caller's 410
+//! does not fail another's ack).
+//!
+//! Before taking a batch the committer waits `linger` (default 2 ms, like Kafka's
+//! `linger.ms`) so that operations arriving together share a commit even when the store
+//! answers faster than clients come back. It lingers only while the partition is busy
+//! (the previous batch held more than one operation), so a lone client pays no delay.
+//!
+//! A caller whose request is cancelled does not cancel its operation: once queued it is
+//! committed (a lease granted to a vanished caller simply lapses).
+
+mod batch;
+pub mod wake;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::cas::Snapshot;
+use crate::clock::{Clock, IdSource};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+use crate::partition::batch::SettleOp;
+use crate::partition::compact::Swap;
+use crate::partition::produce::NewStored;
+use crate::partition::{Leased, Manifest, Rules, Settle};
+use crate::segment::SegmentCache;
+use crate::store::DynStore;
+use crate::topic::Topic;
+
+pub use wake::Wakers;
+
+/// A segment older than this is never committed (garbage collection's grace period is
+/// far longer; docs/design.md §7).
+pub const MAX_SEGMENT_AGE_AT_COMMIT_MS: u64 = 5 * 60 * 1000;
+
+/// Payload bytes one commit takes at most (one operation always fits, whatever its size).
+pub const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// One queued operation with the channel its caller waits on.
+enum Op {
+    Produce(Vec<NewStored>, oneshot::Sender<BrokerResult<Vec<u64>>>),
+    Lease(usize, oneshot::Sender<BrokerResult<Leased>>),
+    Settle(SettleOp, oneshot::Sender<BrokerResult<()>>),
+    Compact(Vec<Swap>, oneshot::Sender<BrokerResult<u64>>),
+}
+
+struct Pending {
+    op: Op,
+    rules: Rules,
+    topic_etag: String,
+}
+
+impl Pending {
+    fn bytes(&self) -> usize {
+        match &self.op {
+            Op::Produce(msgs, _) => msgs.iter().map(|m| m.message.payload.len()).sum(),
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Default)]
+struct QueueState {
+    pending: Vec<Pending>,
+    running: bool,
+    cache: Option<Snapshot<Manifest>>,
+    /// Operations in the previous batch: lingering pays only when there is company.
+    last_batch: usize,
+}
+
+/// One partition's queue.
+struct Queue {
+    topic: String,
+    incarnation: String,
+    partition: u32,
+    key: String,
+    state: Mutex<QueueState>,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct CommitStats {
+    /// Manifest writes that landed.
+    pub commits: AtomicU64,
+    /// Operations answered by those writes.
+    pub committed_ops: AtomicU64,
+    /// Batches processed (committed or not).
+    pub batches: AtomicU64,
+}
+
+/// The per-process group committer. Shared behind an `Arc`.
+pub struct Committer {
+    segments: Arc<SegmentCache>,
+    linger: Duration,
+    store: DynStore,
+    ids: Arc<dyn IdSource>,
+    clock: Arc<dyn Clock>,
+    wakers: Wakers,
+    queues: Mutex<HashMap<(String, String, u32), Arc<Queue>>>,
+    /// Counters.
+    pub stats: CommitStats,
+}
+
+/// Locks `m`, recovering from poisoning (every critical section leaves consistent state).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits for the answer to a queued operation.
+async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
+    rx.await.unwrap_or_else(|_| {
+        Err(BrokerError::Internal(
+            "the commit task ended without answering".into(),
+        ))
+    })
+}
+
+impl Committer {
+    /// A committer writing through `store`, caching the segments it writes in `segments`.
+    /// Each busy batch waits `linger` so that more operations can join it.
+    pub fn new(
+        store: DynStore,
+        ids: Arc<dyn IdSource>,
+        clock: Arc<dyn Clock>,
+        segments: Arc<SegmentCache>,
+        linger: Duration,
+    ) -> Self {
+        Self {
+            segments,
+            linger,
+            store,
+            ids,
+            clock,
+            wakers: Wakers::default(),
+            queues: Mutex::new(HashMap::new()),
+            stats: CommitStats::default(),
+        }
+    }
+
+    /// The wake-ups this committer sends after commits that make messages available.
+    pub fn wakers(&self) -> &Wakers {
+        &self.wakers
+    }
+
+    /// Appends `messages` in order; answers their offsets (a duplicate gets the offset of
+    /// its first produce) once the commit landed.
+    ///
+    /// Errors: [`BrokerError::StaleTopic`] when the topic was re-created, the batch's
+    /// storage failure ([`BrokerError::Contention`], [`BrokerError::Store`]).
+    pub async fn produce(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+        messages: Vec<NewStored>,
+    ) -> BrokerResult<Vec<u64>> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(topic, partition, Op::Produce(messages, tx));
+        answer(rx).await
+    }
+
+    /// Leases up to `max` available messages (0: a commit that only applies retention).
+    ///
+    /// Errors: as [`Committer::produce`].
+    pub async fn lease(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+        max: usize,
+    ) -> BrokerResult<Leased> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(topic, partition, Op::Lease(max, tx));
+        answer(rx).await
+    }
+
+    /// Acks, extends or nacks the lease `lease_id` on `offset`.
+    ///
+    /// Errors: [`BrokerError::LeaseGone`], [`BrokerError::AckedAheadFull`], and as
+    /// [`Committer::produce`].
+    pub async fn settle(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+        offset: u64,
+        lease_id: u64,
+        action: Settle,
+    ) -> BrokerResult<()> {
+        let (tx, rx) = oneshot::channel();
+        let op = SettleOp {
+            offset,
+            lease_id,
+            action,
+            rules: Rules::from(&topic.settings),
+        };
+        self.enqueue(topic, partition, Op::Settle(op, tx));
+        answer(rx).await
+    }
+
+    /// Swaps runs of segments for merged ones where the manifest still holds them;
+    /// answers how many segments were replaced.
+    ///
+    /// Errors: as [`Committer::produce`].
+    pub async fn compact(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+        swaps: Vec<Swap>,
+    ) -> BrokerResult<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(topic, partition, Op::Compact(swaps, tx));
+        answer(rx).await
+    }
+
+    /// Queues `op` and makes sure a task is draining the queue.
+    fn enqueue(self: &Arc<Self>, topic: &Topic, partition: u32, op: Op) {
+        let queue = lock(&self.queues)
+            .entry((topic.name.clone(), topic.incarnation.clone(), partition))
+            .or_insert_with(|| {
+                Arc::new(Queue {
+                    topic: topic.name.clone(),
+                    incarnation: topic.incarnation.clone(),
+                    partition,
+                    key: keys::manifest(&topic.name, partition),
+                    state: Mutex::new(QueueState::default()),
+                })
+            })
+            .clone();
+        let start = {
+            let mut st = lock(&queue.state);
+            st.pending.push(Pending {
+                op,
+                rules: Rules::from(&topic.settings),
+                topic_etag: topic.etag.clone(),
+            });
+            !std::mem::replace(&mut st.running, true)
+        };
+        if start {
+            let me = self.clone();
+            tokio::spawn(async move { me.drain(queue).await });
+        }
+    }
+
+    /// Commits batches until the queue is empty.
+    async fn drain(self: Arc<Self>, q: Arc<Queue>) {
+        // Should this task ever die mid-batch, the next submit starts a new one.
+        struct Running(Arc<Queue>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    lock(&self.0.state).running = false;
+                }
+            }
+        }
+        let _running = Running(q.clone());
+        loop {
+            let busy = lock(&q.state).last_batch > 1;
+            if busy && !self.linger.is_zero() {
+                tokio::time::sleep(self.linger).await;
+            }
+            let (batch, cache) = {
+                let mut st = lock(&q.state);
+                if st.pending.is_empty() {
+                    st.running = false;
+                    return;
+                }
+                let n = batch_len(&st.pending);
+                let batch: Vec<Pending> = st.pending.drain(..n).collect();
+                st.last_batch = batch.len();
+                (batch, st.cache.take())
+            };
+            let cache = self.run_batch(&q, batch, cache).await;
+            lock(&q.state).cache = cache;
+        }
+    }
+}
+
+/// How many queued operations the next batch takes: all, up to [`MAX_BATCH_BYTES`] of
+/// payload (at least one).
+fn batch_len(pending: &[Pending]) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for p in pending {
+        bytes += p.bytes();
+        if n > 0 && bytes > MAX_BATCH_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n
+}

@@ -1,0 +1,107 @@
+//! [`BrokerError`]: everything a broker operation can refuse or fail with.
+//!
+//! The HTTP edge maps each case to a status and error code in one place
+//! (`http::error`). Refusals of the consumer contract come from the pure partition
+//! transitions ([`Refused`]); storage failures keep their source error
+//! ([`StoreError`]); stored data that does not decode is [`BrokerError::Corrupt`], and a
+//! state the code believes impossible is [`BrokerError::Internal`] (a bug, 500).
+
+use std::convert::Infallible;
+
+use crate::cas::CasError;
+use crate::keys::InvalidTopic;
+use crate::partition::Refused;
+use crate::receipt::ReceiptError;
+use crate::segment::CorruptSegment;
+use crate::settings::InvalidSetting;
+use crate::store::StoreError;
+
+/// Everything the broker can refuse or fail with.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// The topic name is not allowed.
+    #[error(transparent)]
+    InvalidTopic(#[from] InvalidTopic),
+    /// No topic by that name.
+    #[error("topic not found")]
+    TopicNotFound,
+    /// The topic exists with other settings.
+    #[error("topic already exists with different settings")]
+    TopicConflict,
+    /// A setting is unknown or out of range.
+    #[error(transparent)]
+    InvalidSetting(#[from] InvalidSetting),
+    /// The partition does not exist in this topic.
+    #[error("partition {0} does not exist in this topic")]
+    NoSuchPartition(u32),
+    /// The payload exceeds the configured maximum.
+    #[error("payload exceeds the maximum of {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The receipt handle is malformed or not valid for this topic.
+    #[error(transparent)]
+    Receipt(#[from] ReceiptError),
+    /// The lease the handle names is no longer held (acked, expired, nacked, redelivered).
+    #[error("the lease for this receipt handle is no longer held")]
+    LeaseGone,
+    /// The partition's acked-ahead window is full; ack the frontier message first.
+    #[error("too many out-of-order acks are outstanding on this partition; retry later")]
+    AckedAheadFull,
+    /// The replayed offset was deleted by retention.
+    #[error("offset {0} has been deleted by retention")]
+    OffsetExpired(u64),
+    /// Too many concurrent writers on one object; retry later.
+    #[error("the partition is busy; retry later")]
+    Contention,
+    /// The topic was deleted and created again while this request used it; retried once
+    /// internally, then reported as busy.
+    #[error("the topic changed while the request ran; retry")]
+    StaleTopic,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Stored data does not decode.
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    /// A state the code holds impossible was reached (a bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Result of a broker call.
+pub type BrokerResult<T> = Result<T, BrokerError>;
+
+impl From<Refused> for BrokerError {
+    fn from(r: Refused) -> Self {
+        match r {
+            Refused::LeaseGone => BrokerError::LeaseGone,
+            Refused::AckedAheadFull => BrokerError::AckedAheadFull,
+        }
+    }
+}
+
+impl From<CorruptSegment> for BrokerError {
+    fn from(e: CorruptSegment) -> Self {
+        BrokerError::Corrupt(e.to_string())
+    }
+}
+
+impl From<Infallible> for BrokerError {
+    fn from(never: Infallible) -> Self {
+        match never {}
+    }
+}
+
+impl<E: Into<BrokerError>> From<CasError<E>> for BrokerError {
+    fn from(e: CasError<E>) -> Self {
+        match e {
+            CasError::Rejected(e) => e.into(),
+            CasError::Contention => BrokerError::Contention,
+            CasError::Superseded => BrokerError::StaleTopic,
+            CasError::Store(e) => BrokerError::Store(e),
+            CasError::Corrupt { key, detail } => BrokerError::Corrupt(format!("{key}: {detail}")),
+            CasError::Encode { key, detail } => {
+                BrokerError::Internal(format!("cannot encode {key}: {detail}"))
+            }
+        }
+    }
+}

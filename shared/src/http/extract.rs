@@ -1,0 +1,149 @@
+//! Request parsing shared by the handlers: the topic in the path, strict query strings
+//! (an unknown or repeated parameter is a 400, so a typo never silently changes
+//! behaviour), `wait` durations, bounded bodies, and the checks every produced message
+//! gets whichever route it came by.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::Path;
+use axum::http::{header, HeaderMap, StatusCode};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use super::limits::{MAX_IDEMPOTENCY_KEY, MAX_KEY_BYTES};
+use super::ApiError;
+
+/// The topic name in the path.
+pub(super) fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(t)| t).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_topic_name",
+            "invalid topic name in path",
+        )
+    })
+}
+
+/// A parsed query string.
+pub(super) struct Query(HashMap<String, String>);
+
+impl Query {
+    /// Parses `raw`, refusing parameters not in `allowed` and repeated ones.
+    pub(super) fn parse(raw: Option<String>, allowed: &[&str]) -> Result<Self, ApiError> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
+            .map_err(|_| ApiError::bad_request("malformed query string"))?;
+        let mut out = HashMap::new();
+        for (k, v) in pairs {
+            if !allowed.contains(&k.as_str()) {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter {k:?}; allowed: {}",
+                    allowed.join(", ")
+                )));
+            }
+            if out.insert(k.clone(), v).is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter {k:?} given twice"
+                )));
+            }
+        }
+        Ok(Self(out))
+    }
+
+    /// The raw value of `name`.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// `name` as a non-negative integer.
+    pub(super) fn number<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    ApiError::bad_request(format!("{name} must be a non-negative integer"))
+                })
+            })
+            .transpose()
+    }
+}
+
+/// `wait`: `0`, `500ms`, `10s`, `1m`; a bare number is seconds (as SQS's WaitTimeSeconds).
+pub fn parse_wait(v: &str) -> Result<Duration, ApiError> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Ok(Duration::from_secs(secs.min(3600)));
+    }
+    humantime::parse_duration(v).map_err(|_| {
+        ApiError::bad_request(format!("wait must look like 0, 500ms or 10s, got {v:?}"))
+    })
+}
+
+/// Reads a body of at most `limit` bytes; 413 beyond it, before buffering it all.
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("body exceeds {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(_) => Err(ApiError::bad_request("could not read the request body")),
+    }
+}
+
+/// Checks a produced message's key, payload and idempotency key. `index` is the
+/// message's place in a batch (`None` for a single produce), named in errors.
+pub(super) fn check_message(
+    index: Option<usize>,
+    key: Option<&str>,
+    payload: &[u8],
+    idempotency_key: Option<&str>,
+) -> Result<(), ApiError> {
+    let at = index.map_or(String::new(), |i| format!("messages[{i}]: "));
+    if key.is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+        return Err(ApiError::bad_request(format!(
+            "{at}key exceeds {MAX_KEY_BYTES} bytes"
+        )));
+    }
+    if payload.is_empty() {
+        let message = match index {
+            None => "the request body (the message) is empty".to_owned(),
+            Some(i) => format!("messages[{i}] is empty"),
+        };
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "empty_payload",
+            message,
+        ));
+    }
+    let valid_idempotency_key = |k: &str| {
+        !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY && k.bytes().all(|b| b.is_ascii_graphic())
+    };
+    if idempotency_key.is_some_and(|k| !valid_idempotency_key(k)) {
+        let name = if index.is_none() {
+            "Idempotency-Key"
+        } else {
+            "idempotency_key"
+        };
+        return Err(ApiError::bad_request(format!(
+            "{at}{name} must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! `POST /v1/topics/{topic}/ack`: ack, extend or nack one handle (query), or many (JSON
+//! body). Handles are verified before any storage call.
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use crate::broker::Settle;
+use crate::http::extract::{read_body, topic_name, Query};
+use crate::http::limits::{MAX_BATCH_BODY, MAX_BATCH_ENTRIES};
+use crate::http::views::{BatchResults, EntryResult};
+use crate::http::{ApiError, AppState};
+
+/// `POST /v1/topics/{topic}/ack?receipt_handle=H[&extend=true|0]`: ack (204), extend
+/// (`extend=true`, 204), nack (`extend=0`, 204); 410 when the lease is not yours any
+/// more; 503 when the acked-ahead window is full.
+///
+/// Without `receipt_handle` in the query, the body is a batch:
+/// `{"receipt_handles":["h1","h2"],"extend":true|0}` (extend optional), answered 200 with
+/// `{"results":[{"status":204},{"status":410,"error":{...}}]}` in the same order.
+pub(in crate::http) async fn ack(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let q = Query::parse(raw, &["receipt_handle", "extend"])?;
+    let Some(handle) = q.get("receipt_handle") else {
+        if q.get("extend").is_some() {
+            return Err(ApiError::bad_request("receipt_handle is required"));
+        }
+        return ack_batch(s, name, headers, body).await;
+    };
+    let action = parse_extend(q.get("extend"))?;
+    s.broker.settle(&name, handle, action).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn parse_extend(v: Option<&str>) -> Result<Settle, ApiError> {
+    match v {
+        None => Ok(Settle::Ack),
+        Some("true") => Ok(Settle::Extend),
+        Some("0") => Ok(Settle::Nack),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "extend must be true (renew the lease) or 0 (give the message back), got {other:?}"
+        ))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBatch {
+    receipt_handles: Vec<String>,
+    #[serde(default)]
+    extend: Option<serde_json::Value>,
+}
+
+async fn ack_batch(
+    s: AppState,
+    name: String,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "receipt_handle is required (or a JSON body {\"receipt_handles\":[...]} to settle many)",
+        ));
+    }
+    let batch: AckBatch = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid ack batch: {e}")))?;
+    if batch.receipt_handles.is_empty() || batch.receipt_handles.len() > MAX_BATCH_ENTRIES {
+        return Err(ApiError::bad_request(format!(
+            "receipt_handles must hold 1 to {MAX_BATCH_ENTRIES} handles"
+        )));
+    }
+    // The same values as the query parameter, as JSON `true`, `0` or strings.
+    let extend = batch.extend.as_ref().map(|v| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    });
+    let action = parse_extend(extend.as_deref())?;
+    let entries: Vec<(String, Settle)> = batch
+        .receipt_handles
+        .into_iter()
+        .map(|h| (h, action))
+        .collect();
+    let results = s.broker.settle_batch(&name, &entries).await?;
+    let results = results.into_iter().map(EntryResult::settled).collect();
+    Ok(Json(BatchResults { results }).into_response())
+}

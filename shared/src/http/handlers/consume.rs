@@ -1,0 +1,66 @@
+//! `GET /v1/topics/{topic}/consume`: lease messages (with receipt handles), or with
+//! `partition` and `offset` replay one read-only.
+
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::http::extract::{parse_wait, topic_name, Query};
+use crate::http::limits::MAX_CONSUME_BATCH;
+use crate::http::views::{MessageList, MessageView};
+use crate::http::{ApiError, AppState};
+
+/// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]][&max=N]`: 200
+/// with one message and its receipt handle, or 204; with `offset`, a read-only replay;
+/// with `max`, up to that many messages as `{"messages":[...]}`.
+pub(in crate::http) async fn consume(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let q = Query::parse(raw, &["wait", "partition", "offset", "max"])?;
+    let wait = q
+        .get("wait")
+        .map(parse_wait)
+        .transpose()?
+        .unwrap_or(Duration::ZERO);
+    let partition: Option<u32> = q.number("partition")?;
+    let offset: Option<u64> = q.number("offset")?;
+    let max: Option<u32> = q.number("max")?;
+    if max.is_some_and(|m| m == 0 || m as usize > MAX_CONSUME_BATCH) {
+        return Err(ApiError::bad_request(format!(
+            "max must be between 1 and {MAX_CONSUME_BATCH}"
+        )));
+    }
+    let deliveries = match (partition, offset) {
+        (p, None) => {
+            let max = max.unwrap_or(1) as usize;
+            s.broker.consume(&name, p, wait, max).await?
+        }
+        (Some(p), Some(o)) => {
+            if max.is_some() {
+                return Err(ApiError::bad_request("max does not apply to a replay"));
+            }
+            let found = s.broker.replay(&name, p, o, wait).await?;
+            found.into_iter().collect()
+        }
+        (None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "offset needs partition (replay is by partition and offset)",
+            ))
+        }
+    };
+    if deliveries.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let mut views: Vec<MessageView> = deliveries.into_iter().map(MessageView::from).collect();
+    Ok(match max {
+        Some(_) => Json(MessageList { messages: views }).into_response(),
+        None => Json(views.swap_remove(0)).into_response(),
+    })
+}

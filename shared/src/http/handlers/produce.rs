@@ -1,0 +1,141 @@
+//! `POST /v1/topics/{topic}/produce` (one message, the raw body) and
+//! `POST /v1/topics/{topic}/produce-batch` (many, as JSON). Both check every message the
+//! same way ([`check_message`]) and answer once the commit carrying it landed.
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::broker::NewMessage;
+use crate::http::extract::{check_message, read_body, topic_name, Query};
+use crate::http::limits::{MAX_BATCH_BODY, MAX_BATCH_ENTRIES};
+use crate::http::views::{BatchResults, EntryResult};
+use crate::http::{ApiError, AppState};
+
+/// `POST /v1/topics/{topic}/produce[?partition=N][&key=K]`: body = one message's bytes;
+/// 201 `{"partition":P,"offset":O}` once committed. With an `Idempotency-Key` header, a
+/// retry within the topic's `dedup_window_ms` answers the first produce's partition and
+/// offset and appends nothing.
+pub(in crate::http) async fn one(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    let q = Query::parse(raw, &["partition", "key"])?;
+    let partition = q.number("partition")?;
+    let key = q.get("key").map(str::to_owned);
+    let payload = read_body(&headers, body, s.broker.options().max_message_bytes).await?;
+    // A header that is not visible ASCII is as invalid as an empty one.
+    let idempotency_key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    check_message(None, key.as_deref(), &payload, idempotency_key.as_deref())?;
+    let msg = NewMessage {
+        partition,
+        key,
+        payload,
+        idempotency_key,
+    };
+    let produced = s.broker.produce(&name, msg).await?;
+    Ok((StatusCode::CREATED, Json(produced)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProduceBatch {
+    messages: Vec<BatchMessage>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchMessage {
+    payload: Box<RawValue>,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    partition: Option<u32>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+impl BatchMessage {
+    /// The payload bytes: the exact JSON text, or the decoded base64 string.
+    fn payload(&self, i: usize) -> Result<Bytes, ApiError> {
+        match self.payload_encoding.as_deref() {
+            None => Ok(Bytes::copy_from_slice(self.payload.get().as_bytes())),
+            Some("base64") => {
+                let text: String = serde_json::from_str(self.payload.get()).map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "messages[{i}]: a base64 payload must be a JSON string"
+                    ))
+                })?;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(text.as_bytes())
+                    .map_err(|_| {
+                        ApiError::bad_request(format!("messages[{i}]: payload is not valid base64"))
+                    })?;
+                Ok(Bytes::from(bytes))
+            }
+            Some(other) => Err(ApiError::bad_request(format!(
+                "messages[{i}]: payload_encoding must be \"base64\" or absent, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// `POST /v1/topics/{topic}/produce-batch`: body
+/// `{"messages":[{"payload":<JSON value>,"key":"k","partition":0},
+///               {"payload":"aGk=","payload_encoding":"base64"}]}`.
+/// A `payload` is stored as its exact JSON text (consumers get it back verbatim); with
+/// `"payload_encoding":"base64"` it must be a string and its decoded bytes are stored.
+/// Answers 200 `{"results":[{"status":201,"partition":P,"offset":O}, ...]}` in order;
+/// messages for one partition are committed together with contiguous offsets.
+pub(in crate::http) async fn batch(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    Query::parse(raw, &[])?;
+    let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
+    let batch: ProduceBatch = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid produce batch: {e}")))?;
+    if batch.messages.is_empty() || batch.messages.len() > MAX_BATCH_ENTRIES {
+        return Err(ApiError::bad_request(format!(
+            "messages must hold 1 to {MAX_BATCH_ENTRIES} messages"
+        )));
+    }
+    let mut messages = Vec::with_capacity(batch.messages.len());
+    for (i, m) in batch.messages.into_iter().enumerate() {
+        let payload = m.payload(i)?;
+        check_message(
+            Some(i),
+            m.key.as_deref(),
+            &payload,
+            m.idempotency_key.as_deref(),
+        )?;
+        messages.push(NewMessage {
+            idempotency_key: m.idempotency_key,
+            partition: m.partition,
+            key: m.key,
+            payload,
+        });
+    }
+    let results = s.broker.produce_batch(&name, messages).await?;
+    let results = results.into_iter().map(EntryResult::produced).collect();
+    Ok(Json(BatchResults { results }).into_response())
+}

@@ -1,0 +1,16 @@
+//! Every limit the HTTP edge enforces on a request, in one place. The payload limit is
+//! the broker's (`NARAD_MAX_MESSAGE_BYTES`, [`crate::config::BrokerOptions`]); a consume
+//! returns at most [`MAX_CONSUME_BATCH`] messages.
+
+pub use crate::broker::MAX_CONSUME_BATCH;
+
+/// Largest settings body accepted (create and change).
+pub const MAX_SETTINGS_BODY: usize = 64 * 1024;
+/// Largest `key` accepted on produce.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest `Idempotency-Key` accepted.
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+/// Largest batch body (API Gateway's own limit is 10 MB).
+pub const MAX_BATCH_BODY: usize = 10 << 20;
+/// Most entries in one batch request.
+pub const MAX_BATCH_ENTRIES: usize = 1000;

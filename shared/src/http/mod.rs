@@ -1,0 +1,73 @@
+//! The HTTP API (docs/design.md §1): one axum [`Router`] used by `narad serve` and by the
+//! Lambda function alike.
+//!
+//! Every route under `/v1` needs HTTP Basic auth ([`auth`]); `/health` and `/metrics` do
+//! not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
+//! limits in [`limits`], response shapes in [`views`], and [`error`] the one place where
+//! broker errors become statuses and JSON error codes. Handlers parse, call one broker
+//! operation, and render: they hold no logic of their own.
+
+mod auth;
+pub mod error;
+mod extract;
+mod handlers;
+pub mod limits;
+mod views;
+
+use std::sync::Arc;
+
+use axum::middleware;
+use axum::routing::{get, post, put};
+use axum::Router;
+
+pub use error::ApiError;
+pub use extract::parse_wait;
+pub use views::rfc3339_ms;
+
+use crate::broker::Broker;
+use crate::config::Credential;
+
+#[derive(Clone)]
+struct AppState {
+    broker: Arc<Broker>,
+    /// SHA-256 of each accepted `user:password`.
+    credentials: Arc<Vec<[u8; 32]>>,
+}
+
+/// Builds the router over `broker`, admitting `users`.
+pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
+    let state = AppState {
+        broker,
+        credentials: Arc::new(auth::digests(users)),
+    };
+    let v1 = Router::new()
+        .route("/v1/topics", get(handlers::topics::list))
+        .route(
+            "/v1/topics/{topic}",
+            put(handlers::topics::create)
+                .get(handlers::topics::get)
+                .patch(handlers::topics::patch)
+                .delete(handlers::topics::delete),
+        )
+        .route("/v1/topics/{topic}/produce", post(handlers::produce::one))
+        .route(
+            "/v1/topics/{topic}/produce-batch",
+            post(handlers::produce::batch),
+        )
+        .route(
+            "/v1/topics/{topic}/consume",
+            get(handlers::consume::consume),
+        )
+        .route("/v1/topics/{topic}/ack", post(handlers::ack::ack))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_auth,
+        ));
+    Router::new()
+        .route("/health", get(handlers::ops::health))
+        .route("/metrics", get(handlers::ops::metrics))
+        .merge(v1)
+        .fallback(handlers::ops::not_found)
+        .method_not_allowed_fallback(handlers::ops::method_not_allowed)
+        .with_state(state)
+}

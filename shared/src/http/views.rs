@@ -1,0 +1,152 @@
+//! The JSON shapes of responses (docs/design.md §1). Typed structs, not `json!`: a
+//! payload is embedded as raw JSON text, byte for byte ([`crate::payload`]).
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::ApiError;
+use crate::broker::{Delivery, PartitionStats, Produced, Topic};
+use crate::error::BrokerResult;
+use crate::payload;
+use crate::settings::TopicSettings;
+
+/// A topic, with per-partition stats on `GET /v1/topics/{topic}`.
+#[derive(Serialize)]
+pub(super) struct TopicView {
+    name: String,
+    settings: TopicSettings,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<Vec<PartitionStats>>,
+}
+
+impl TopicView {
+    pub(super) fn new(t: Topic, partitions: Option<Vec<PartitionStats>>) -> Self {
+        Self {
+            name: t.name,
+            settings: t.settings,
+            created_at: rfc3339_ms(t.created_at_ms),
+            partitions,
+        }
+    }
+}
+
+/// `GET /v1/topics`.
+#[derive(Serialize)]
+pub(super) struct TopicList {
+    pub(super) topics: Vec<TopicView>,
+}
+
+/// One consumed or replayed message.
+#[derive(Serialize)]
+pub(super) struct MessageView {
+    topic: String,
+    partition: u32,
+    offset: u64,
+    key: Option<String>,
+    payload: Box<RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_encoding: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receipt_handle: Option<String>,
+    delivery_count: u32,
+    produced_at: String,
+}
+
+impl From<Delivery> for MessageView {
+    fn from(d: Delivery) -> Self {
+        let p = payload::render(&d.payload);
+        Self {
+            topic: d.topic,
+            partition: d.partition,
+            offset: d.offset,
+            key: d.key,
+            payload: p.json,
+            payload_encoding: p.encoding,
+            receipt_handle: d.receipt_handle,
+            delivery_count: d.delivery_count,
+            produced_at: rfc3339_ms(d.produced_at_ms),
+        }
+    }
+}
+
+/// A consume with `max`: `{"messages":[...]}`.
+#[derive(Serialize)]
+pub(super) struct MessageList {
+    pub(super) messages: Vec<MessageView>,
+}
+
+/// An entry's error inside a batch result.
+#[derive(Serialize)]
+pub(super) struct EntryError {
+    code: &'static str,
+    message: String,
+}
+
+/// One entry of a batch answer: the status a single request would have got, and its
+/// body's fields.
+#[derive(Serialize)]
+pub(super) struct EntryResult {
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<EntryError>,
+}
+
+impl EntryResult {
+    fn failed(e: crate::error::BrokerError) -> Self {
+        let e = ApiError::from(e);
+        Self {
+            status: e.status.as_u16(),
+            partition: None,
+            offset: None,
+            error: Some(EntryError {
+                code: e.code,
+                message: e.message,
+            }),
+        }
+    }
+
+    /// A produce-batch entry: 201 with its partition and offset, or its error.
+    pub(super) fn produced(r: BrokerResult<Produced>) -> Self {
+        match r {
+            Ok(p) => Self {
+                status: 201,
+                partition: Some(p.partition),
+                offset: Some(p.offset),
+                error: None,
+            },
+            Err(e) => Self::failed(e),
+        }
+    }
+
+    /// An ack-batch entry: 204, or its error.
+    pub(super) fn settled(r: BrokerResult<()>) -> Self {
+        match r {
+            Ok(()) => Self {
+                status: 204,
+                partition: None,
+                offset: None,
+                error: None,
+            },
+            Err(e) => Self::failed(e),
+        }
+    }
+}
+
+/// A batch answer: `{"results":[...]}`, one per entry, in order.
+#[derive(Serialize)]
+pub(super) struct BatchResults {
+    pub(super) results: Vec<EntryResult>,
+}
+
+/// `2026-11-29T12:00:00.000Z`.
+pub fn rfc3339_ms(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}

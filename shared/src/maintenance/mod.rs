@@ -1,0 +1,166 @@
+//! Garbage collection and maintenance: `narad gc`, and the scheduled maintenance function.
+//! It uses only the broker's public API: every manifest change (retention, compaction
+//! swaps) is committed by the broker's committer like any other write.
+//!
+//! One pass over the store:
+//!
+//! 1. **Retention** for every partition, even idle ones: a commit that only applies
+//!    retention (segments whose newest message is older than `retention_ms` leave the
+//!    manifest, and their objects are deleted).
+//! 2. **Orphan segments**: a segment object that no manifest names is deleted once it is
+//!    older than the grace period. Orphans come from commits that never landed (a crash,
+//!    a lost race that gave up, an ambiguous error) and from deletes that failed. The
+//!    age comes from the write time in the segment id ([`crate::keys::segment_id`]); a
+//!    segment is never committed more than
+//!    [`crate::commit::MAX_SEGMENT_AGE_AT_COMMIT_MS`] after it was written, and the grace
+//!    period ([`DEFAULT_GRACE`], 30 min) is longer than that and longer than any handler
+//!    can live (15 min on Lambda), so a segment whose commit is still coming is never taken.
+//! 3. **Leftovers** of deleted topics (objects under a topic prefix with no `topic.json`)
+//!    are deleted.
+//! 4. **Compaction**: a partition with more than [`COMPACT_ABOVE_SEGMENTS`] segments has
+//!    runs of adjacent small segments rewritten as one (up to [`COMPACT_MAX_BYTES`] and
+//!    [`COMPACT_MAX_MESSAGES`] each), so the manifest that every commit reads and writes
+//!    stays small even behind single-message producers. The merged segment is written
+//!    first, then one committed swap ([`crate::partition::compact`]) puts it in for exactly the segments it
+//!    copied (a run that changed meanwhile is left alone). The replaced segments are
+//!    then unreferenced and older than the grace period, so the next pass deletes them;
+//!    a reader holding an older manifest can still read them until then.
+//!
+//! The pass lists the store once, then reads each manifest after the listing, so a
+//! segment committed meanwhile is either not listed or referenced.
+
+mod compact;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::broker::{Broker, Topic};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+
+pub use compact::{COMPACT_ABOVE_SEGMENTS, COMPACT_MAX_BYTES, COMPACT_MAX_MESSAGES};
+
+/// How old an unreferenced segment must be before it is deleted.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30 * 60);
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct GcReport {
+    /// Topics visited.
+    pub topics: u64,
+    /// Partitions visited.
+    pub partitions: u64,
+    /// Segments that left their manifest by retention (and were deleted).
+    pub expired_segments: u64,
+    /// Unreferenced segments older than the grace period, deleted.
+    pub orphans_deleted: u64,
+    /// Unreferenced segments younger than the grace period, kept.
+    pub orphans_kept: u64,
+    /// Objects of deleted topics, deleted.
+    pub leftovers_deleted: u64,
+    /// Segments replaced by merged ones (deleted by a later pass).
+    pub segments_compacted: u64,
+}
+
+/// One pass's settings.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    grace: Duration,
+    dry_run: bool,
+}
+
+/// Runs one garbage-collection pass over `broker`'s store (see the module
+/// documentation). With `dry_run` nothing is deleted or committed; the report says what
+/// would have been.
+///
+/// Errors: store failures; a pass can be re-run at any time.
+pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult<GcReport> {
+    let pass = Pass { grace, dry_run };
+    let mut report = GcReport::default();
+    let keys = broker.store().list(keys::TOPICS_PREFIX).await?;
+    let mut by_topic: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for k in &keys {
+        if let Some(rest) = k.strip_prefix(keys::TOPICS_PREFIX) {
+            if let Some((topic, _)) = rest.split_once('/') {
+                by_topic.entry(topic).or_default().push(k.as_str());
+            }
+        }
+    }
+    for (name, objects) in by_topic {
+        let topic = match broker.load_topic(name).await {
+            Ok(t) => t,
+            Err(BrokerError::TopicNotFound) | Err(BrokerError::InvalidTopic(_)) => {
+                for k in objects {
+                    if !dry_run {
+                        broker.store().delete(k).await?;
+                    }
+                    report.leftovers_deleted += 1;
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        report.topics += 1;
+        for p in 0..topic.settings.partitions {
+            report.partitions += 1;
+            partition(broker, pass, &topic, p, &objects, &mut report).await?;
+        }
+    }
+    Ok(report)
+}
+
+/// Retention, orphans and compaction of one partition; `objects` are the topic's keys.
+async fn partition(
+    broker: &Broker,
+    pass: Pass,
+    topic: &Topic,
+    p: u32,
+    objects: &[&str],
+    report: &mut GcReport,
+) -> BrokerResult<()> {
+    let before = broker.read_manifest(topic, p).await?;
+    if !pass.dry_run {
+        broker.apply_retention(topic, p).await?;
+    }
+    let after = broker.read_manifest(topic, p).await?;
+    let cutoff = broker
+        .clock()
+        .now_ms()
+        .saturating_sub(topic.settings.retention_ms);
+    report.expired_segments += if pass.dry_run {
+        before
+            .segments
+            .iter()
+            .take_while(|s| s.last_produced_ms < cutoff)
+            .count() as u64
+    } else {
+        before.segments.len().saturating_sub(after.segments.len()) as u64
+    };
+    let named: HashSet<&str> = after.segments.iter().map(|s| s.id.as_str()).collect();
+    let prefix = keys::segment(&topic.name, p, "");
+    let now = broker.clock().now_ms();
+    for k in objects.iter().filter(|k| k.starts_with(&prefix)) {
+        let id = &k[prefix.len()..];
+        if named.contains(id) {
+            continue;
+        }
+        // Ids without a time (written by something else) are left alone.
+        let Some(written) = keys::segment_time(id) else {
+            continue;
+        };
+        if now.saturating_sub(written) > pass.grace.as_millis() as u64 {
+            if !pass.dry_run {
+                broker.store().delete(k).await?;
+            }
+            report.orphans_deleted += 1;
+        } else {
+            report.orphans_kept += 1;
+        }
+    }
+    if !pass.dry_run && after.segments.len() > COMPACT_ABOVE_SEGMENTS {
+        report.segments_compacted += compact::compact(broker, topic, p, &after.segments).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! One group commit applied to a manifest, in a fixed order (docs/design.md §6):
+//!
+//! 1. retention (segments past `retention_ms` leave, with their leases and acks);
+//! 2. produces, so leases in the same batch can see the new messages;
+//! 3. settles, which may free in-flight room for the leases;
+//! 4. leases, lowest available offsets first, one cursor for the whole batch;
+//! 5. compaction swaps.
+//!
+//! [`apply`] is pure: the committer calls it again on every CAS attempt. It answers
+//! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
+
+use super::compact::{self, Swap};
+use super::lease::{self, Cursor, Leased};
+use super::produce::{self, NewStored, Plan};
+use super::settle::{self, Refused, Settle};
+use super::{Manifest, Rules, SegmentRef};
+use crate::cas::Decision;
+
+/// An ack, extend or nack of one lease.
+#[derive(Debug, Clone)]
+pub struct SettleOp {
+    /// Offset of the leased message.
+    pub offset: u64,
+    /// Lease id from the receipt handle.
+    pub lease_id: u64,
+    /// What to do.
+    pub action: Settle,
+    /// The topic's rules as the caller saw them.
+    pub rules: Rules,
+}
+
+/// A request for up to `max` leases.
+#[derive(Debug, Clone)]
+pub struct LeaseOp {
+    /// Most leases wanted (0: none, a commit that only applies retention).
+    pub max: usize,
+    /// The topic's rules as the caller saw them.
+    pub rules: Rules,
+}
+
+/// The operations of one batch, grouped by kind; each group keeps arrival order.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Retention and the dedup window for the whole batch.
+    pub rules: Rules,
+    /// Each produce's messages.
+    pub produces: Vec<Vec<NewStored>>,
+    /// Settles.
+    pub settles: Vec<SettleOp>,
+    /// Lease requests.
+    pub leases: Vec<LeaseOp>,
+    /// Compaction requests.
+    pub swaps: Vec<Vec<Swap>>,
+}
+
+impl Batch {
+    /// An empty batch under `rules`.
+    pub fn new(rules: Rules) -> Self {
+        Self {
+            rules,
+            produces: Vec::new(),
+            settles: Vec::new(),
+            leases: Vec::new(),
+            swaps: Vec::new(),
+        }
+    }
+}
+
+/// What each operation of a batch got, group by group, in the batch's order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Each produce's offsets; `None` when its segment write was refused.
+    pub produced: Vec<Option<Vec<u64>>>,
+    /// Each settle's result.
+    pub settled: Vec<Result<(), Refused>>,
+    /// Each lease request's grants.
+    pub leased: Vec<Leased>,
+    /// Segments replaced by each compaction request.
+    pub compacted: Vec<u64>,
+    /// Segments retention removed: their objects are deleted after the commit lands.
+    pub dropped: Vec<SegmentRef>,
+    /// Whether long polls should look again (new messages, or messages given back).
+    pub wake: bool,
+}
+
+/// Applies `batch` to `m` at `now`. `plan` is the produces' plan against `m` and
+/// `segment` the segment holding its new messages (`None` if its write was refused).
+pub fn apply(
+    m: &mut Manifest,
+    now: u64,
+    batch: &Batch,
+    plan: &Plan,
+    segment: Option<&SegmentRef>,
+) -> Decision<Applied> {
+    let mut out = Applied {
+        dropped: m.apply_retention(now, batch.rules.retention_ms),
+        ..Applied::default()
+    };
+    let mut changed = !out.dropped.is_empty();
+    let dedup = batch.rules.dedup_window_ms;
+    out.produced = produce::append(m, now, dedup, &batch.produces, plan, segment);
+    if segment.is_some() {
+        changed = true;
+        out.wake = true;
+    }
+    for op in &batch.settles {
+        let r = settle::settle(m, now, &op.rules, op.offset, op.lease_id, op.action);
+        if r.is_ok() {
+            changed = true;
+            out.wake |= op.action != Settle::Extend;
+        }
+        out.settled.push(r);
+    }
+    let mut cursor = Cursor::new(m, now);
+    for op in &batch.leases {
+        let got = lease::lease(m, now, &op.rules, op.max, &mut cursor);
+        changed |= !got.grants.is_empty() || !got.dead.is_empty();
+        out.leased.push(got);
+    }
+    for swaps in &batch.swaps {
+        let replaced = compact::swap(m, swaps);
+        changed |= replaced > 0;
+        out.compacted.push(replaced);
+    }
+    if changed {
+        Decision::Commit(out)
+    } else {
+        Decision::Keep(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::partition::testing::{leased, manifest_with, rules};
+    use crate::segment::StoredMessage;
+
+    /// Every invariant of the module documentation of [`crate::partition`].
+    fn check_invariants(m: &Manifest) {
+        assert!(
+            m.start_offset <= m.frontier && m.frontier <= m.next_offset,
+            "{m:?}"
+        );
+        assert!(m
+            .acked_ahead
+            .iter()
+            .all(|&o| o > m.frontier && o < m.next_offset));
+        assert!(m
+            .leases
+            .keys()
+            .all(|&o| o >= m.frontier && o < m.next_offset));
+        assert!(m.leases.keys().all(|o| !m.acked_ahead.contains(o)));
+        let mut expect = m.start_offset;
+        for s in &m.segments {
+            assert_eq!(s.base_offset, expect, "segments contiguous: {m:?}");
+            expect += u64::from(s.count);
+        }
+        assert_eq!(expect, m.next_offset, "segments cover the partition");
+    }
+
+    fn produce(n: usize) -> Vec<NewStored> {
+        (0..n)
+            .map(|_| NewStored {
+                message: StoredMessage::new(0, None, b"m".to_vec()),
+                idempotency_key: None,
+            })
+            .collect()
+    }
+
+    fn segment(count: u32, t: u64) -> SegmentRef {
+        SegmentRef {
+            id: format!("s{t}-{count}"),
+            base_offset: 0,
+            count,
+            last_produced_ms: t,
+            bytes: 1,
+        }
+    }
+
+    fn run(m: &mut Manifest, now: u64, batch: &Batch) -> Decision<Applied> {
+        let plan = Plan::new(&batch.produces, m, now);
+        let n = plan.new_messages(&batch.produces).len() as u32;
+        let seg = (n > 0).then(|| segment(n, now));
+        m.version += 1;
+        apply(m, now, batch, &plan, seg.as_ref())
+    }
+
+    fn applied(d: Decision<Applied>) -> Applied {
+        match d {
+            Decision::Commit(a) | Decision::Keep(a) => a,
+        }
+    }
+
+    #[test]
+    fn leases_in_a_batch_see_its_produces_and_its_settles() {
+        let mut m = manifest_with(2);
+        let r = Rules {
+            max_in_flight: 2,
+            ..rules()
+        };
+        leased(&mut m, &[0, 1], 1, 1000);
+        let mut batch = Batch::new(r);
+        batch.produces.push(produce(1));
+        batch.settles.push(SettleOp {
+            offset: 0,
+            lease_id: 1,
+            action: Settle::Ack,
+            rules: r,
+        });
+        batch.leases.push(LeaseOp { max: 5, rules: r });
+        let a = applied(run(&mut m, 10, &batch));
+        assert_eq!(a.produced, vec![Some(vec![2])]);
+        assert_eq!(a.settled, vec![Ok(())]);
+        // The ack freed one slot of two; the new message 2 takes it.
+        let got: Vec<u64> = a.leased[0].grants.iter().map(|g| g.offset).collect();
+        assert_eq!(got, vec![2]);
+        assert!(a.wake);
+        check_invariants(&m);
+    }
+
+    #[test]
+    fn a_batch_that_changes_nothing_is_kept() {
+        let mut m = manifest_with(1);
+        leased(&mut m, &[0], 1, 1000);
+        let mut batch = Batch::new(rules());
+        batch.leases.push(LeaseOp {
+            max: 1,
+            rules: rules(),
+        });
+        batch.settles.push(SettleOp {
+            offset: 0,
+            lease_id: 99,
+            action: Settle::Ack,
+            rules: rules(),
+        });
+        assert!(matches!(run(&mut m, 10, &batch), Decision::Keep(_)));
+    }
+
+    #[test]
+    fn retention_removes_leased_messages_and_their_handles_go_stale() {
+        let mut m = Manifest::empty("i");
+        m.segments = vec![segment(2, 100), segment(1, 5000)];
+        m.segments[1].base_offset = 2;
+        m.next_offset = 3;
+        leased(&mut m, &[1, 2], 7, 10_000);
+        let r = Rules {
+            retention_ms: 1000,
+            ..rules()
+        };
+        let mut batch = Batch::new(r);
+        batch.settles.push(SettleOp {
+            offset: 1,
+            lease_id: 7,
+            action: Settle::Ack,
+            rules: r,
+        });
+        let a = applied(run(&mut m, 2000, &batch));
+        assert_eq!(a.dropped.len(), 1);
+        assert_eq!((m.start_offset, m.frontier), (2, 2));
+        assert_eq!(a.settled, vec![Err(Refused::LeaseGone)]);
+        assert!(m.leases.contains_key(&2));
+        check_invariants(&m);
+    }
+
+    #[test]
+    fn random_batches_keep_every_invariant_and_never_double_lease() {
+        for seed in 0..50u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut m = Manifest::empty("i");
+            let r = Rules {
+                max_in_flight: rng.gen_range(1..6),
+                max_acked_ahead: rng.gen_range(1..4),
+                visibility_timeout_ms: 50,
+                retention_ms: 400,
+                ..rules()
+            };
+            let mut handles: Vec<(u64, u64)> = Vec::new();
+            for step in 0..60u64 {
+                let now = step * 10;
+                let mut batch = Batch::new(r);
+                if rng.gen_bool(0.5) {
+                    batch.produces.push(produce(rng.gen_range(1..3)));
+                }
+                for _ in 0..rng.gen_range(0..3) {
+                    if let Some(&(offset, lease_id)) = handles.get(rng.gen_range(0..=handles.len()))
+                    {
+                        let action =
+                            [Settle::Ack, Settle::Extend, Settle::Nack][rng.gen_range(0..3)];
+                        batch.settles.push(SettleOp {
+                            offset,
+                            lease_id,
+                            action,
+                            rules: r,
+                        });
+                    }
+                }
+                batch.leases.push(LeaseOp {
+                    max: rng.gen_range(0..3),
+                    rules: r,
+                });
+                let before = m.clone();
+                let a = applied(run(&mut m, now, &batch));
+                let nacked: Vec<u64> = batch
+                    .settles
+                    .iter()
+                    .zip(&a.settled)
+                    .filter(|(op, r)| op.action == Settle::Nack && r.is_ok())
+                    .map(|(op, _)| op.offset)
+                    .collect();
+                for g in a.leased.iter().flat_map(|l| &l.grants) {
+                    let was_live = before
+                        .leases
+                        .get(&g.offset)
+                        .is_some_and(|l| l.deadline_ms > now);
+                    assert!(
+                        !was_live || nacked.contains(&g.offset),
+                        "seed {seed}: offset {} leased while another lease was live",
+                        g.offset
+                    );
+                    assert!(!before.acked_ahead.contains(&g.offset) && g.offset >= before.frontier);
+                    handles.push((g.offset, g.lease_id));
+                }
+                check_invariants(&m);
+                assert!(m.in_flight(now) <= r.max_in_flight as usize, "seed {seed}");
+                assert!(
+                    m.acked_ahead.len() <= r.max_acked_ahead as usize,
+                    "seed {seed}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Leasing: which messages a consume gets (docs/design.md §4, §5).
+//!
+//! A lease goes to the lowest available offset at or above the frontier (unsettled, not
+//! acked ahead, no live lease). Its id is the version of the manifest write that grants
+//! it, its deadline now + the visibility timeout, and the message's delivery count goes
+//! up by one. Flow control: no lease is granted while `max_in_flight` leases are live,
+//! and while the acked-ahead set is full only the frontier message may go out.
+//!
+//! A message already delivered `max_deliveries` times (when that limit is set) is not
+//! delivered again: it is *parked* under a system lease for [`DEAD_LETTER_PARK_MS`] and
+//! returned in [`Leased::dead`] for the broker to move to the dead-letter topic.
+
+use super::{Lease, Manifest, Rules, SegmentRef};
+
+/// How long a message parked for dead-lettering stays invisible; if the move does not
+/// finish in time it is parked and moved again (the move is idempotent).
+pub const DEAD_LETTER_PARK_MS: u64 = 60_000;
+
+/// A lease granted by a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Offset leased.
+    pub offset: u64,
+    /// Lease id (the version of the commit that granted it).
+    pub lease_id: u64,
+    /// Deliveries so far, this one included.
+    pub delivery_count: u32,
+    /// The segment that holds the message.
+    pub segment: SegmentRef,
+}
+
+/// What one lease request got.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leased {
+    /// Messages for the consumer.
+    pub grants: Vec<Grant>,
+    /// Messages parked for the dead-letter topic.
+    pub dead: Vec<Grant>,
+}
+
+/// Where leasing stands within one batch: several lease requests in one commit share one
+/// pass over the offsets they skip, and one in-flight count.
+#[derive(Debug, Clone, Copy)]
+pub struct Cursor {
+    next: u64,
+    in_flight: usize,
+}
+
+impl Cursor {
+    /// A cursor at the frontier of `m`, counting the leases live at `now`.
+    pub fn new(m: &Manifest, now: u64) -> Self {
+        Self {
+            next: m.frontier,
+            in_flight: m.in_flight(now),
+        }
+    }
+
+    /// The next offset to lease, if any is allowed.
+    fn pick(&mut self, m: &Manifest, now: u64, rules: &Rules) -> Option<u64> {
+        if self.in_flight >= rules.max_in_flight as usize {
+            return None;
+        }
+        if m.acked_ahead.len() >= rules.max_acked_ahead as usize {
+            // Window full: only the message blocking the frontier may go out.
+            return m.is_available(m.frontier, now).then_some(m.frontier);
+        }
+        self.next = self.next.max(m.frontier);
+        while self.next < m.next_offset && !m.is_available(self.next, now) {
+            self.next += 1;
+        }
+        (self.next < m.next_offset).then_some(self.next)
+    }
+}
+
+/// Leases up to `max` available messages of `m` at `now`, lowest offsets first. The
+/// lease id is `m.version` (the version this write will have).
+pub fn lease(m: &mut Manifest, now: u64, rules: &Rules, max: usize, cur: &mut Cursor) -> Leased {
+    let mut out = Leased::default();
+    while out.grants.len() < max {
+        let Some(offset) = cur.pick(m, now, rules) else {
+            break;
+        };
+        let Some(segment) = m.segment_for(offset).cloned() else {
+            break;
+        };
+        let version = m.version;
+        let lease = m.leases.entry(offset).or_insert(Lease {
+            lease_id: 0,
+            deadline_ms: 0,
+            delivery_count: 0,
+        });
+        lease.lease_id = version;
+        cur.in_flight += 1;
+        if rules.max_deliveries > 0 && lease.delivery_count >= rules.max_deliveries {
+            // Delivered often enough without an ack: park it for the dead-letter topic
+            // instead of delivering it again.
+            lease.deadline_ms = now + DEAD_LETTER_PARK_MS;
+            out.dead.push(Grant {
+                offset,
+                lease_id: version,
+                delivery_count: lease.delivery_count,
+                segment,
+            });
+            continue;
+        }
+        lease.deadline_ms = now + rules.visibility_timeout_ms;
+        lease.delivery_count += 1;
+        out.grants.push(Grant {
+            offset,
+            lease_id: version,
+            delivery_count: lease.delivery_count,
+            segment,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::testing::{leased, manifest_with, rules};
+
+    fn offsets(l: &Leased) -> Vec<u64> {
+        l.grants.iter().map(|g| g.offset).collect()
+    }
+
+    fn lease_now(m: &mut Manifest, now: u64, rules: &Rules, max: usize) -> Leased {
+        let mut cur = Cursor::new(m, now);
+        lease(m, now, rules, max, &mut cur)
+    }
+
+    #[test]
+    fn lowest_available_offsets_first_with_the_write_version_as_lease_id() {
+        let mut m = manifest_with(5);
+        m.version = 9;
+        leased(&mut m, &[1], 3, 1000);
+        m.acked_ahead.insert(2);
+        let got = lease_now(&mut m, 10, &rules(), 3);
+        assert_eq!(offsets(&got), vec![0, 3, 4]);
+        assert!(got.grants.iter().all(|g| g.lease_id == 9));
+        assert_eq!(m.leases[&3].deadline_ms, 10 + rules().visibility_timeout_ms);
+        assert!(lease_now(&mut m, 10, &rules(), 3).grants.is_empty());
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_available_again_and_counts_its_deliveries() {
+        let mut m = manifest_with(1);
+        leased(&mut m, &[0], 3, 1000);
+        assert!(lease_now(&mut m, 999, &rules(), 1).grants.is_empty());
+        let got = lease_now(&mut m, 1000, &rules(), 1);
+        assert_eq!(offsets(&got), vec![0]);
+        assert_eq!(got.grants[0].delivery_count, 2);
+    }
+
+    #[test]
+    fn nothing_beyond_max_in_flight() {
+        let mut m = manifest_with(5);
+        let r = Rules {
+            max_in_flight: 2,
+            ..rules()
+        };
+        assert_eq!(offsets(&lease_now(&mut m, 0, &r, 5)), vec![0, 1]);
+        assert!(lease_now(&mut m, 0, &r, 5).grants.is_empty());
+    }
+
+    #[test]
+    fn a_full_acked_ahead_window_offers_only_the_frontier() {
+        let mut m = manifest_with(5);
+        m.acked_ahead.insert(2);
+        let r = Rules {
+            max_acked_ahead: 1,
+            ..rules()
+        };
+        assert_eq!(offsets(&lease_now(&mut m, 0, &r, 5)), vec![0]);
+        // The frontier is leased now: nothing else goes out.
+        assert!(lease_now(&mut m, 0, &r, 5).grants.is_empty());
+    }
+
+    #[test]
+    fn a_message_delivered_max_deliveries_times_is_parked_not_delivered() {
+        let mut m = manifest_with(2);
+        m.version = 4;
+        m.leases.insert(
+            0,
+            Lease {
+                lease_id: 1,
+                deadline_ms: 0,
+                delivery_count: 3,
+            },
+        );
+        let r = Rules {
+            max_deliveries: 3,
+            ..rules()
+        };
+        let got = lease_now(&mut m, 100, &r, 1);
+        assert_eq!(offsets(&got), vec![1]);
+        assert_eq!(got.dead.len(), 1);
+        assert_eq!((got.dead[0].offset, got.dead[0].lease_id), (0, 4));
+        assert_eq!(m.leases[&0].deadline_ms, 100 + DEAD_LETTER_PARK_MS);
+        assert_eq!(m.leases[&0].delivery_count, 3, "parking is not a delivery");
+    }
+
+    #[test]
+    fn one_cursor_serves_several_requests_in_a_batch() {
+        let mut m = manifest_with(4);
+        let mut cur = Cursor::new(&m, 0);
+        let a = lease(&mut m, 0, &rules(), 2, &mut cur);
+        let b = lease(&mut m, 0, &rules(), 3, &mut cur);
+        assert_eq!((offsets(&a), offsets(&b)), (vec![0, 1], vec![2, 3]));
+    }
+}

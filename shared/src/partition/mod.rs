@@ -1,0 +1,456 @@
+//! A partition's state: the manifest model, and the pure transitions that change it.
+//!
+//! A partition's whole mutable state is one object, `topics/{t}/{p}/manifest.json`
+//! ([`Manifest`]), kept as a [`crate::cas::Cell`]: every change is a pure function of the
+//! manifest applied by the one CAS protocol (docs/design.md §3). The submodules hold the
+//! transitions, each a plain function over plain data with its own unit tests:
+//!
+//! * [`produce`]: plan which messages are new and which are retries (idempotency keys),
+//!   then append a segment;
+//! * [`settle`]: ack, extend, nack a lease;
+//! * [`lease`]: hand out the lowest available offsets, park messages for dead-lettering;
+//! * [`compact`]: swap runs of segments for merged ones;
+//! * [`batch`]: one group commit's operations applied in their fixed order.
+//!
+//! Invariants every transition keeps (checked by the tests in [`batch`]):
+//! * `version` strictly increases with every committed write, so two different states
+//!   never share content (identical bytes could share an ETag on S3: the ABA hazard).
+//! * `start_offset <= frontier <= next_offset`; every offset below `frontier` is settled.
+//! * `acked_ahead` holds only offsets in `(frontier, next_offset)`; `leases` only offsets
+//!   in `[frontier, next_offset)`, never one that is also in `acked_ahead`.
+//! * `segments` are ordered by `base_offset`, contiguous, and cover
+//!   `[start_offset, next_offset)`.
+//!
+//! A manifest whose `incarnation` sorts before the topic's is a leftover of a deleted
+//! topic of the same name and reads as empty (its version kept, so versions keep
+//! climbing). One that sorts after it means the caller's view of the topic is stale:
+//! [`Invalid::Superseded`].
+
+pub mod batch;
+pub mod compact;
+pub mod lease;
+pub mod produce;
+pub mod settle;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::cas::{Invalid, Stored};
+use crate::settings::TopicSettings;
+
+pub use lease::{Grant, Leased};
+pub use settle::{Refused, Settle};
+
+/// The topic settings the transitions obey, copied out of [`TopicSettings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// How long a lease lasts.
+    pub visibility_timeout_ms: u64,
+    /// Live leases at most.
+    pub max_in_flight: u32,
+    /// Offsets acked above the frontier at most.
+    pub max_acked_ahead: u32,
+    /// Deliveries before a message is parked for the dead-letter topic; 0: no limit.
+    pub max_deliveries: u32,
+    /// Segments whose newest message is older than this leave the partition.
+    pub retention_ms: u64,
+    /// How long an idempotency key is remembered.
+    pub dedup_window_ms: u64,
+}
+
+impl From<&TopicSettings> for Rules {
+    fn from(s: &TopicSettings) -> Self {
+        Self {
+            visibility_timeout_ms: s.visibility_timeout_ms,
+            max_in_flight: s.max_in_flight_per_partition,
+            max_acked_ahead: s.max_acked_ahead_per_partition,
+            max_deliveries: s.max_deliveries,
+            retention_ms: s.retention_ms,
+            dedup_window_ms: s.dedup_window_ms,
+        }
+    }
+}
+
+/// How many recent write ids a manifest remembers for lost-response recovery.
+pub const RECENT_WRITES: usize = 16;
+
+/// One immutable segment object and the offsets it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    /// Segment object id (the last part of its key).
+    pub id: String,
+    /// Offset of the segment's first message.
+    pub base_offset: u64,
+    /// Number of messages in it.
+    pub count: u32,
+    /// Produce time of its newest message (retention drops the segment after this).
+    pub last_produced_ms: u64,
+    /// Payload bytes in it.
+    pub bytes: u64,
+}
+
+/// Delivery state of an unsettled message that has been delivered at least once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The manifest version that granted the current lease; receipt handles carry it.
+    pub lease_id: u64,
+    /// Wall-clock ms until which the lease is live; at or after it the message is available.
+    pub deadline_ms: u64,
+    /// How many times the message has been delivered.
+    pub delivery_count: u32,
+}
+
+/// A remembered `Idempotency-Key`: the offset its produce got, until `expires_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dedup {
+    /// Offset the first produce with this key got.
+    pub offset: u64,
+    /// Wall-clock ms after which the key is forgotten.
+    pub expires_ms: u64,
+}
+
+/// Most idempotency keys one manifest remembers; past it the soonest to expire go first.
+pub const MAX_DEDUP_KEYS: usize = 5000;
+
+/// A partition's whole mutable state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Strictly increasing with every write.
+    pub version: u64,
+    /// The topic incarnation this state belongs to.
+    pub incarnation: String,
+    /// Ids of the last writes, newest last.
+    pub recent_writes: VecDeque<String>,
+    /// The offset the next produced message gets.
+    pub next_offset: u64,
+    /// The oldest retained offset.
+    pub start_offset: u64,
+    /// The lowest unsettled offset.
+    pub frontier: u64,
+    /// Retained segments in offset order.
+    pub segments: Vec<SegmentRef>,
+    /// Delivered, unsettled messages by offset (live or lapsed leases).
+    pub leases: BTreeMap<u64, Lease>,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: BTreeSet<u64>,
+    /// Idempotency keys of recent produces.
+    #[serde(default)]
+    pub dedup: BTreeMap<String, Dedup>,
+}
+
+impl Manifest {
+    /// The state of a partition nothing has been written to.
+    pub fn empty(incarnation: &str) -> Self {
+        Self {
+            version: 0,
+            incarnation: incarnation.to_owned(),
+            recent_writes: VecDeque::new(),
+            next_offset: 0,
+            start_offset: 0,
+            frontier: 0,
+            segments: Vec::new(),
+            leases: BTreeMap::new(),
+            acked_ahead: BTreeSet::new(),
+            dedup: BTreeMap::new(),
+        }
+    }
+
+    /// The offset a produce with idempotency key `key` got, if still remembered at `now_ms`.
+    pub fn dedup_lookup(&self, key: &str, now_ms: u64) -> Option<u64> {
+        self.dedup
+            .get(key)
+            .filter(|d| d.expires_ms > now_ms)
+            .map(|d| d.offset)
+    }
+
+    /// Remembers `key` → `offset` until `expires_ms`, forgetting expired keys and, past
+    /// [`MAX_DEDUP_KEYS`], those that expire soonest.
+    pub fn dedup_insert(&mut self, key: String, offset: u64, expires_ms: u64, now_ms: u64) {
+        self.dedup.retain(|_, d| d.expires_ms > now_ms);
+        self.dedup.insert(key, Dedup { offset, expires_ms });
+        if self.dedup.len() > MAX_DEDUP_KEYS {
+            let mut by_expiry: Vec<(u64, String)> = self
+                .dedup
+                .iter()
+                .map(|(k, d)| (d.expires_ms, k.clone()))
+                .collect();
+            by_expiry.sort();
+            let excess = self.dedup.len() - MAX_DEDUP_KEYS;
+            for (_, k) in by_expiry.into_iter().take(excess) {
+                self.dedup.remove(&k);
+            }
+        }
+    }
+
+    /// Leases still live at `now_ms`.
+    pub fn in_flight(&self, now_ms: u64) -> usize {
+        self.leases
+            .values()
+            .filter(|l| l.deadline_ms > now_ms)
+            .count()
+    }
+
+    /// True when `offset` exists, is unsettled, and has no live lease at `now_ms`.
+    pub fn is_available(&self, offset: u64, now_ms: u64) -> bool {
+        offset >= self.frontier
+            && offset < self.next_offset
+            && !self.acked_ahead.contains(&offset)
+            && self
+                .leases
+                .get(&offset)
+                .is_none_or(|l| l.deadline_ms <= now_ms)
+    }
+
+    /// The segment holding `offset`, if retained.
+    pub fn segment_for(&self, offset: u64) -> Option<&SegmentRef> {
+        let i = self.segments.partition_point(|s| s.base_offset <= offset);
+        let seg = self.segments.get(i.checked_sub(1)?)?;
+        (offset < seg.base_offset + u64::from(seg.count)).then_some(seg)
+    }
+
+    /// Advances the frontier past every contiguous acked offset.
+    pub fn advance_frontier(&mut self) {
+        while self.acked_ahead.remove(&self.frontier) {
+            self.frontier += 1;
+        }
+    }
+
+    /// Drops segments whose newest message is older than `retention_ms` at `now_ms`,
+    /// with every lease and ack below the new start. Returns the dropped segments, whose
+    /// objects the caller deletes after the write commits.
+    pub fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Vec<SegmentRef> {
+        let cutoff = now_ms.saturating_sub(retention_ms);
+        let keep_from = self
+            .segments
+            .iter()
+            .position(|s| s.last_produced_ms >= cutoff);
+        let n = keep_from.unwrap_or(self.segments.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        let dropped: Vec<SegmentRef> = self.segments.drain(..n).collect();
+        self.start_offset = self
+            .segments
+            .first()
+            .map_or(self.next_offset, |s| s.base_offset);
+        let start = self.start_offset;
+        self.leases.retain(|o, _| *o >= start);
+        self.acked_ahead.retain(|o| *o >= start);
+        if self.frontier < start {
+            self.frontier = start;
+        }
+        // An ack at the new start is now contiguous with the frontier.
+        self.advance_frontier();
+        dropped
+    }
+}
+
+impl Stored for Manifest {
+    /// The topic incarnation the caller knows.
+    type Context = String;
+
+    fn absent(incarnation: &String) -> Self {
+        Manifest::empty(incarnation)
+    }
+
+    fn decode(data: &[u8], incarnation: &String) -> Result<Self, Invalid> {
+        let stored: Manifest =
+            serde_json::from_slice(data).map_err(|e| Invalid::Corrupt(e.to_string()))?;
+        match stored.incarnation.as_str().cmp(incarnation.as_str()) {
+            std::cmp::Ordering::Equal => Ok(stored),
+            std::cmp::Ordering::Greater => Err(Invalid::Superseded),
+            // Left over from a deleted topic of the same name: start afresh, but keep the
+            // version climbing so no two states share bytes.
+            std::cmp::Ordering::Less => Ok(Manifest {
+                version: stored.version,
+                ..Manifest::empty(incarnation)
+            }),
+        }
+    }
+
+    fn encode(&self) -> Result<Bytes, String> {
+        serde_json::to_vec(self)
+            .map(Bytes::from)
+            .map_err(|e| e.to_string())
+    }
+
+    fn next_write(&mut self) {
+        self.version += 1;
+    }
+
+    fn stamp(&mut self, write_id: &str) -> bool {
+        self.recent_writes.push_back(write_id.to_owned());
+        while self.recent_writes.len() > RECENT_WRITES {
+            self.recent_writes.pop_front();
+        }
+        true
+    }
+
+    fn written_by(&self, write_id: &str) -> bool {
+        self.recent_writes.iter().any(|w| w == write_id)
+    }
+}
+
+/// Builders shared by the transition tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Default topic rules.
+    pub fn rules() -> Rules {
+        Rules::from(&TopicSettings::default())
+    }
+
+    /// A manifest holding offsets `0..n` in one segment produced at time 0.
+    pub fn manifest_with(n: u64) -> Manifest {
+        let mut m = Manifest::empty("i");
+        m.segments.push(SegmentRef {
+            id: "s0".into(),
+            base_offset: 0,
+            count: n as u32,
+            last_produced_ms: 0,
+            bytes: n,
+        });
+        m.next_offset = n;
+        m
+    }
+
+    /// Leases `offsets` with `lease_id` until `deadline_ms`, as delivered once.
+    pub fn leased(m: &mut Manifest, offsets: &[u64], lease_id: u64, deadline_ms: u64) {
+        for &o in offsets {
+            m.leases.insert(
+                o,
+                Lease {
+                    lease_id,
+                    deadline_ms,
+                    delivery_count: 1,
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::cas::{Cell, Decision, Pure};
+    use crate::clock::SequentialIds;
+    use crate::store::memory::MemoryStore;
+    use crate::store::Store;
+
+    pub(crate) fn seg(id: &str, base: u64, count: u32, t: u64) -> SegmentRef {
+        SegmentRef {
+            id: id.into(),
+            base_offset: base,
+            count,
+            last_produced_ms: t,
+            bytes: 1,
+        }
+    }
+
+    #[test]
+    fn segment_lookup() {
+        let mut m = Manifest::empty("i");
+        m.segments = vec![seg("a", 0, 2, 0), seg("b", 2, 3, 0)];
+        m.next_offset = 5;
+        assert_eq!(m.segment_for(0).map(|s| s.id.as_str()), Some("a"));
+        assert_eq!(m.segment_for(1).map(|s| s.id.as_str()), Some("a"));
+        assert_eq!(m.segment_for(2).map(|s| s.id.as_str()), Some("b"));
+        assert_eq!(m.segment_for(4).map(|s| s.id.as_str()), Some("b"));
+        assert!(m.segment_for(5).is_none());
+    }
+
+    #[test]
+    fn retention_moves_start_and_frontier() {
+        let mut m = Manifest::empty("i");
+        m.segments = vec![
+            seg("a", 0, 2, 100),
+            seg("b", 2, 2, 200),
+            seg("c", 4, 1, 300),
+        ];
+        m.next_offset = 5;
+        m.leases.insert(
+            1,
+            Lease {
+                lease_id: 1,
+                deadline_ms: 9999,
+                delivery_count: 1,
+            },
+        );
+        m.acked_ahead.insert(3);
+        let dropped = m.apply_retention(1150, 1000);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!((m.start_offset, m.frontier), (2, 2));
+        assert!(m.leases.is_empty());
+        let dropped = m.apply_retention(1250, 1000);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!((m.start_offset, m.frontier), (4, 4));
+        assert!(m.acked_ahead.is_empty());
+        m.apply_retention(5000, 1000);
+        assert_eq!((m.start_offset, m.frontier, m.next_offset), (5, 5, 5));
+    }
+
+    fn bump(m: &mut Manifest) -> Result<Decision<()>, ()> {
+        m.next_offset += 1;
+        Ok(Decision::Commit(()))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_updates_all_land_with_increasing_versions() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let ids = Arc::new(SequentialIds::default());
+        let inc = "i".to_string();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (store, ids, inc) = (store.clone(), ids.clone(), inc.clone());
+            tasks.push(tokio::spawn(async move {
+                let cell = Cell::<Manifest>::new(&*store, &*ids, "m", &inc);
+                for _ in 0..10 {
+                    cell.update(Pure(bump)).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let cell = Cell::<Manifest>::new(&*store, &*ids, "m", &inc);
+        let snap = cell.read::<()>().await.unwrap();
+        assert_eq!(snap.value.next_offset, 80);
+        assert_eq!(snap.value.version, 80);
+    }
+
+    #[tokio::test]
+    async fn other_incarnation_reads_as_empty() {
+        let store = MemoryStore::new();
+        let ids = SequentialIds::default();
+        let (old, new) = ("a-old".to_string(), "b-new".to_string());
+        let old_cell = Cell::<Manifest>::new(&store, &ids, "m", &old);
+        let new_cell = Cell::<Manifest>::new(&store, &ids, "m", &new);
+        old_cell
+            .update(Pure(|m: &mut Manifest| {
+                m.next_offset = 7;
+                Ok::<_, ()>(Decision::Commit(()))
+            }))
+            .await
+            .unwrap();
+        let snap = new_cell.read::<()>().await.unwrap();
+        assert_eq!(snap.value.next_offset, 0);
+        assert_eq!(snap.value.version, 1);
+        let (_, m) = new_cell
+            .update(Pure(|_: &mut Manifest| Ok::<_, ()>(Decision::Commit(()))))
+            .await
+            .unwrap();
+        let m = m.value;
+        assert_eq!(
+            (m.version, m.next_offset, m.incarnation.as_str()),
+            (2, 0, "b-new")
+        );
+        // The old incarnation's view is stale now.
+        let stale = old_cell.read::<()>().await;
+        assert!(matches!(stale, Err(crate::cas::CasError::Superseded)));
+    }
+}

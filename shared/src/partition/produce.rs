@@ -1,0 +1,204 @@
+//! Producing: which messages are new, and appending them (docs/design.md §6).
+//!
+//! A produce may carry an idempotency key. A key the partition still remembers (within
+//! the topic's `dedup_window_ms`, at most [`super::MAX_DEDUP_KEYS`] keys) appends nothing
+//! and answers the first produce's offset; a key repeated within one batch shares the
+//! offset of its first occurrence. [`Plan::new`] decides this from the state a commit
+//! attempt starts from, so the segment written for that attempt holds exactly the new
+//! messages, and [`append`] gives them contiguous offsets in one segment.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{Manifest, SegmentRef};
+use crate::segment::StoredMessage;
+
+/// A message to append, with its optional idempotency key.
+#[derive(Debug, Clone)]
+pub struct NewStored {
+    /// The message.
+    pub message: StoredMessage,
+    /// `Idempotency-Key`: a retry with the same key within the window appends nothing.
+    pub idempotency_key: Option<String>,
+}
+
+/// Where one produced message goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Slot {
+    /// Index into the batch's segment.
+    New(usize),
+    /// Already committed at this offset.
+    Dup(u64),
+    /// Same idempotency key as an earlier new message of this batch.
+    Same(String),
+}
+
+/// The per-message plan of a batch's produces (one list of slots per produce).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    slots: Vec<Vec<Slot>>,
+}
+
+impl Plan {
+    /// Plans `produces` against `m` at `now`.
+    pub fn new(produces: &[Vec<NewStored>], m: &Manifest, now: u64) -> Self {
+        let mut seen = HashSet::new();
+        let mut n = 0;
+        let mut new_slot = || {
+            n += 1;
+            Slot::New(n - 1)
+        };
+        let slots = produces
+            .iter()
+            .map(|msgs| {
+                msgs.iter()
+                    .map(|msg| match &msg.idempotency_key {
+                        Some(k) => match m.dedup_lookup(k, now) {
+                            Some(o) => Slot::Dup(o),
+                            None if !seen.insert(k.clone()) => Slot::Same(k.clone()),
+                            None => new_slot(),
+                        },
+                        None => new_slot(),
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { slots }
+    }
+
+    /// The messages planned as new, in segment order.
+    pub fn new_messages(&self, produces: &[Vec<NewStored>]) -> Vec<StoredMessage> {
+        let mut out = Vec::new();
+        for (msgs, slots) in produces.iter().zip(&self.slots) {
+            for (m, slot) in msgs.iter().zip(slots) {
+                if matches!(slot, Slot::New(_)) {
+                    out.push(m.message.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// True when some message is new, so a segment is needed.
+    pub fn needs_segment(&self) -> bool {
+        self.slots
+            .iter()
+            .flatten()
+            .any(|s| matches!(s, Slot::New(_)))
+    }
+
+    fn produce_needs_segment(&self, i: usize) -> bool {
+        self.slots[i].iter().any(|s| matches!(s, Slot::New(_)))
+    }
+}
+
+/// Appends the planned produces to `m` at `now`: `segment` (holding the plan's new
+/// messages, in order) gets the next offsets, and new idempotency keys are remembered
+/// for `dedup_window_ms`. Returns each produce's offsets, in order; `None` for a produce
+/// with new messages when there is no segment (its write was refused).
+pub fn append(
+    m: &mut Manifest,
+    now: u64,
+    dedup_window_ms: u64,
+    produces: &[Vec<NewStored>],
+    plan: &Plan,
+    segment: Option<&SegmentRef>,
+) -> Vec<Option<Vec<u64>>> {
+    let base = m.next_offset;
+    if let Some(seg) = segment {
+        let mut r = seg.clone();
+        r.base_offset = base;
+        m.next_offset += u64::from(seg.count);
+        m.segments.push(r);
+    }
+    let mut assigned: HashMap<&str, u64> = HashMap::new();
+    let mut out = Vec::with_capacity(produces.len());
+    for (i, (msgs, slots)) in produces.iter().zip(&plan.slots).enumerate() {
+        if segment.is_none() && plan.produce_needs_segment(i) {
+            out.push(None);
+            continue;
+        }
+        let offsets = msgs.iter().zip(slots).map(|(msg, slot)| match slot {
+            Slot::New(j) => {
+                let o = base + *j as u64;
+                if let Some(k) = &msg.idempotency_key {
+                    m.dedup_insert(k.clone(), o, now + dedup_window_ms, now);
+                    assigned.insert(k, o);
+                }
+                Some(o)
+            }
+            Slot::Dup(o) => Some(*o),
+            Slot::Same(k) => assigned.get(k.as_str()).copied(),
+        });
+        out.push(offsets.collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::testing::manifest_with;
+
+    fn msg(key: Option<&str>) -> NewStored {
+        NewStored {
+            message: StoredMessage::new(1, None, b"x".to_vec()),
+            idempotency_key: key.map(str::to_owned),
+        }
+    }
+
+    fn seg(count: u32) -> SegmentRef {
+        SegmentRef {
+            id: "new".into(),
+            base_offset: 0,
+            count,
+            last_produced_ms: 1,
+            bytes: u64::from(count),
+        }
+    }
+
+    #[test]
+    fn new_messages_get_contiguous_offsets_after_next_offset() {
+        let mut m = manifest_with(3);
+        let produces = vec![vec![msg(None), msg(None)], vec![msg(None)]];
+        let plan = Plan::new(&produces, &m, 0);
+        assert_eq!(plan.new_messages(&produces).len(), 3);
+        let got = append(&mut m, 0, 100, &produces, &plan, Some(&seg(3)));
+        assert_eq!(got, vec![Some(vec![3, 4]), Some(vec![5])]);
+        assert_eq!((m.next_offset, m.segments.len()), (6, 2));
+        assert_eq!(m.segments[1].base_offset, 3);
+    }
+
+    #[test]
+    fn remembered_and_repeated_keys_append_nothing() {
+        let mut m = manifest_with(1);
+        m.dedup_insert("a".into(), 0, 1000, 0);
+        let produces = vec![vec![msg(Some("a")), msg(Some("b"))], vec![msg(Some("b"))]];
+        let plan = Plan::new(&produces, &m, 10);
+        assert_eq!(plan.new_messages(&produces).len(), 1);
+        let got = append(&mut m, 10, 100, &produces, &plan, Some(&seg(1)));
+        assert_eq!(got, vec![Some(vec![0, 1]), Some(vec![1])]);
+        assert_eq!(m.dedup_lookup("b", 10), Some(1));
+        assert_eq!(m.dedup_lookup("b", 110), None, "forgotten after the window");
+    }
+
+    #[test]
+    fn an_expired_key_is_new_again() {
+        let mut m = manifest_with(1);
+        m.dedup_insert("a".into(), 0, 50, 0);
+        let produces = vec![vec![msg(Some("a"))]];
+        assert!(Plan::new(&produces, &m, 60).needs_segment());
+        assert!(!Plan::new(&produces, &m, 40).needs_segment());
+    }
+
+    #[test]
+    fn without_a_segment_only_pure_duplicates_are_answered() {
+        let mut m = manifest_with(1);
+        m.dedup_insert("a".into(), 0, 1000, 0);
+        let produces = vec![vec![msg(Some("a"))], vec![msg(None)]];
+        let plan = Plan::new(&produces, &m, 0);
+        let before = m.clone();
+        let got = append(&mut m, 0, 100, &produces, &plan, None);
+        assert_eq!(got, vec![Some(vec![0]), None]);
+        assert_eq!(m, before);
+    }
+}

@@ -1,0 +1,148 @@
+//! Ack, extend and nack: what settling a lease does to a partition (docs/design.md §4, §5).
+//!
+//! A settle needs a live lease with the handle's lease id; anything else is
+//! [`Refused::LeaseGone`] and changes nothing. Acking the frontier advances it past every
+//! contiguous acked offset; acking above it joins the acked-ahead set, refused with
+//! [`Refused::AckedAheadFull`] when that set is at its limit. Extend restarts the
+//! visibility window from now; nack ends the lease at once (the delivery count stays).
+
+use super::{Manifest, Rules};
+
+/// What to do with a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Settle the message forever.
+    Ack,
+    /// Restart the visibility window from now.
+    Extend,
+    /// Make the message available again at once.
+    Nack,
+}
+
+/// Why a partition refused a settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The lease the handle names is no longer held (acked, expired, nacked, redelivered).
+    #[error("the lease for this receipt handle is no longer held")]
+    LeaseGone,
+    /// The acked-ahead window is full; the frontier message must be acked first.
+    #[error("too many out-of-order acks are outstanding on this partition; retry later")]
+    AckedAheadFull,
+}
+
+/// Acks, extends or nacks the lease `lease_id` on offset `o` at `now`.
+///
+/// Errors: [`Refused`]; a refused settle leaves `m` unchanged.
+pub fn settle(
+    m: &mut Manifest,
+    now: u64,
+    rules: &Rules,
+    o: u64,
+    lease_id: u64,
+    action: Settle,
+) -> Result<(), Refused> {
+    let live = m
+        .leases
+        .get(&o)
+        .is_some_and(|l| l.lease_id == lease_id && l.deadline_ms > now);
+    if !live {
+        return Err(Refused::LeaseGone);
+    }
+    match action {
+        Settle::Ack if o == m.frontier => {
+            m.leases.remove(&o);
+            m.frontier += 1;
+            m.advance_frontier();
+        }
+        Settle::Ack => {
+            if m.acked_ahead.len() >= rules.max_acked_ahead as usize {
+                return Err(Refused::AckedAheadFull);
+            }
+            m.leases.remove(&o);
+            m.acked_ahead.insert(o);
+        }
+        Settle::Extend | Settle::Nack => {
+            if let Some(l) = m.leases.get_mut(&o) {
+                l.deadline_ms = if action == Settle::Extend {
+                    now + rules.visibility_timeout_ms
+                } else {
+                    0
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::testing::{leased, manifest_with, rules};
+
+    #[test]
+    fn ack_at_the_frontier_advances_over_acked_ahead() {
+        let mut m = manifest_with(5);
+        leased(&mut m, &[0, 1, 2], 7, 1000);
+        settle(&mut m, 10, &rules(), 2, 7, Settle::Ack).unwrap();
+        settle(&mut m, 10, &rules(), 1, 7, Settle::Ack).unwrap();
+        assert_eq!((m.frontier, m.acked_ahead.len()), (0, 2));
+        settle(&mut m, 10, &rules(), 0, 7, Settle::Ack).unwrap();
+        assert_eq!(m.frontier, 3);
+        assert!(m.acked_ahead.is_empty() && m.leases.is_empty());
+    }
+
+    #[test]
+    fn ack_above_the_frontier_is_refused_when_the_window_is_full() {
+        let mut m = manifest_with(5);
+        leased(&mut m, &[0, 1, 2], 7, 1000);
+        let r = Rules {
+            max_acked_ahead: 1,
+            ..rules()
+        };
+        settle(&mut m, 10, &r, 1, 7, Settle::Ack).unwrap();
+        let before = m.clone();
+        assert_eq!(
+            settle(&mut m, 10, &r, 2, 7, Settle::Ack),
+            Err(Refused::AckedAheadFull)
+        );
+        assert_eq!(m, before, "a refused ack changes nothing");
+        // The frontier may always be acked, and it takes the acked-ahead offset with it.
+        settle(&mut m, 10, &r, 0, 7, Settle::Ack).unwrap();
+        assert_eq!(m.frontier, 2);
+    }
+
+    #[test]
+    fn stale_wrong_or_lapsed_leases_are_gone_and_change_nothing() {
+        let mut m = manifest_with(3);
+        leased(&mut m, &[0], 7, 1000);
+        let before = m.clone();
+        for (now, id, offset) in [(10, 6, 0), (1000, 7, 0), (2000, 7, 0), (10, 7, 1)] {
+            let r = settle(&mut m, now, &rules(), offset, id, Settle::Ack);
+            assert_eq!(
+                r,
+                Err(Refused::LeaseGone),
+                "now {now} id {id} offset {offset}"
+            );
+        }
+        assert_eq!(m, before);
+    }
+
+    #[test]
+    fn extend_restarts_the_window_and_nack_ends_it_keeping_the_count() {
+        let mut m = manifest_with(2);
+        leased(&mut m, &[0, 1], 7, 1000);
+        settle(&mut m, 500, &rules(), 0, 7, Settle::Extend).unwrap();
+        assert_eq!(
+            m.leases[&0].deadline_ms,
+            500 + rules().visibility_timeout_ms
+        );
+        settle(&mut m, 500, &rules(), 1, 7, Settle::Nack).unwrap();
+        assert!(m.is_available(1, 500));
+        assert_eq!(m.leases[&1].delivery_count, 1);
+        // The nacked handle is spent.
+        assert_eq!(
+            settle(&mut m, 500, &rules(), 1, 7, Settle::Ack),
+            Err(Refused::LeaseGone)
+        );
+    }
+}

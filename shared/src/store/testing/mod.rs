@@ -1,0 +1,10 @@
+//! Test support that every backend and the broker's fault tests share, compiled only with
+//! the `testing` cargo feature (dev-dependencies turn it on): it never ships in a
+//! production build.
+//!
+//! * [`conformance`]: the suite every [`crate::store::Store`] backend must pass.
+//! * [`fault`]: a store decorator that injects errors, lost responses, spurious
+//!   conflicts and latency, from a seed.
+
+pub mod conformance;
+pub mod fault;

@@ -1,0 +1,56 @@
+//! A topic as the broker uses it ([`Topic`]), and its stored form `topics/{t}/topic.json`
+//! ([`TopicRecord`], a [`crate::cas`] record created with put-if-absent and changed by
+//! conditional writes, docs/design.md §2).
+//!
+//! Each creation of a topic name gets a new `incarnation` id (time-sortable), so objects
+//! left behind by a deleted topic of the same name are told apart from the new topic's.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cas::JsonRecord;
+use crate::settings::TopicSettings;
+
+/// The stored form of `topic.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// The topic's settings.
+    pub settings: TopicSettings,
+    /// Changes each time a topic of this name is created; sorts by creation time.
+    pub incarnation: String,
+    /// Creation time, wall-clock ms.
+    pub created_at_ms: u64,
+}
+
+impl JsonRecord for TopicRecord {}
+
+/// A topic as loaded for one request.
+#[derive(Debug, Clone)]
+pub struct Topic {
+    /// The topic name.
+    pub name: String,
+    /// Its settings.
+    pub settings: TopicSettings,
+    /// Changes each time a topic of this name is created; sorts by creation time.
+    pub incarnation: String,
+    /// Creation time, wall-clock ms.
+    pub created_at_ms: u64,
+    /// ETag of the settings object this was read from.
+    pub etag: String,
+    /// Served from this process's cache (possibly up to `topic_cache` old): a request
+    /// that the cached settings refuse is retried against freshly read ones.
+    pub from_cache: bool,
+}
+
+impl Topic {
+    /// The topic `name` as stored in `rec` with ETag `etag`, freshly read.
+    pub fn from_record(name: &str, rec: TopicRecord, etag: String) -> Self {
+        Self {
+            name: name.to_owned(),
+            settings: rec.settings,
+            incarnation: rec.incarnation,
+            created_at_ms: rec.created_at_ms,
+            etag,
+            from_cache: false,
+        }
+    }
+}
