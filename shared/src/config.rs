@@ -118,25 +118,6 @@ impl Config {
     ///
     /// Errors: [`ConfigError`] naming the first bad variable.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let defaults = BrokerOptions::default();
-        let num = |var: &'static str, default: u64, lo: u64, hi: u64| -> Result<u64, ConfigError> {
-            match get(var) {
-                None => Ok(default),
-                Some(v) => {
-                    let n: u64 = v.trim().parse().map_err(|_| ConfigError {
-                        var,
-                        message: format!("expected a whole number, got {v:?}"),
-                    })?;
-                    if n < lo || n > hi {
-                        return Err(ConfigError {
-                            var,
-                            message: format!("must be between {lo} and {hi}, got {n}"),
-                        });
-                    }
-                    Ok(n)
-                }
-            }
-        };
         let auth = match get("NARAD_AUTH") {
             None => None,
             Some(v) => Some(parse_auth(&v)?),
@@ -160,44 +141,49 @@ impl Config {
             listen: get("NARAD_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into()),
             auth,
             receipt_keys,
-            broker: BrokerOptions {
-                max_message_bytes: num(
-                    "NARAD_MAX_MESSAGE_BYTES",
-                    defaults.max_message_bytes as u64,
-                    1,
-                    64 << 20,
-                )? as usize,
-                max_wait: Duration::from_millis(num(
-                    "NARAD_MAX_WAIT_MS",
-                    defaults.max_wait.as_millis() as u64,
-                    0,
-                    25_000,
-                )?),
-                poll_interval: Duration::from_millis(num(
-                    "NARAD_POLL_INTERVAL_MS",
-                    defaults.poll_interval.as_millis() as u64,
-                    10,
-                    60_000,
-                )?),
-                segment_cache_entries: defaults.segment_cache_entries,
-                commit_linger: Duration::from_millis(num(
-                    "NARAD_COMMIT_LINGER_MS",
-                    defaults.commit_linger.as_millis() as u64,
-                    0,
-                    1000,
-                )?),
-                topic_cache: Duration::from_millis(num(
-                    "NARAD_TOPIC_CACHE_MS",
-                    defaults.topic_cache.as_millis() as u64,
-                    0,
-                    60_000,
-                )?),
-            },
+            broker: broker_options(&get)?,
             test_clock_file: get("NARAD_TEST_CLOCK_FILE")
                 .filter(|p| !p.trim().is_empty())
                 .map(PathBuf::from),
         })
     }
+}
+
+/// The broker limits from the `NARAD_*` variables, each within its range.
+fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions, ConfigError> {
+    let defaults = BrokerOptions::default();
+    let num = |var: &'static str, default: u64, lo: u64, hi: u64| -> Result<u64, ConfigError> {
+        let Some(v) = get(var) else {
+            return Ok(default);
+        };
+        let n: u64 = v.trim().parse().map_err(|_| ConfigError {
+            var,
+            message: format!("expected a whole number, got {v:?}"),
+        })?;
+        if n < lo || n > hi {
+            return Err(ConfigError {
+                var,
+                message: format!("must be between {lo} and {hi}, got {n}"),
+            });
+        }
+        Ok(n)
+    };
+    let ms = |var, default: Duration, lo, hi| {
+        num(var, default.as_millis() as u64, lo, hi).map(Duration::from_millis)
+    };
+    Ok(BrokerOptions {
+        max_message_bytes: num(
+            "NARAD_MAX_MESSAGE_BYTES",
+            defaults.max_message_bytes as u64,
+            1,
+            64 << 20,
+        )? as usize,
+        max_wait: ms("NARAD_MAX_WAIT_MS", defaults.max_wait, 0, 25_000)?,
+        poll_interval: ms("NARAD_POLL_INTERVAL_MS", defaults.poll_interval, 10, 60_000)?,
+        segment_cache_entries: defaults.segment_cache_entries,
+        commit_linger: ms("NARAD_COMMIT_LINGER_MS", defaults.commit_linger, 0, 1000)?,
+        topic_cache: ms("NARAD_TOPIC_CACHE_MS", defaults.topic_cache, 0, 60_000)?,
+    })
 }
 
 /// A random 24-character password (letters and digits) for `serve` without `NARAD_AUTH`.

@@ -1,4 +1,5 @@
 //! Test harness: a real Narad HTTP server on 127.0.0.1 and a small client for it.
+//! (The pure partition transitions have their own unit tests in `shared/src/partition/`.)
 //!
 //! [`Server::start`] runs the same router `narad serve` runs, in-process on a real
 //! socket, with an injected [`ManualClock`] so lease timing is tested without sleeping.

@@ -1,5 +1,9 @@
 //! Leases, receipt handles, flow control, replay and retention: every behaviour the
 //! consumer documentation promises. Time moves only through the injected clock.
+//!
+//! These tests go through HTTP. The same rules are unit-tested without I/O as pure
+//! transitions in `shared/src/partition/` (`lease.rs`, `settle.rs`, `produce.rs`,
+//! `batch.rs`): start there when a rule changes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};

@@ -169,14 +169,10 @@ impl Change<Manifest> for BatchCommit<'_> {
     }
 
     fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
-        let fallback;
-        let plan = match &self.plan {
-            Some(p) => p,
-            None => {
-                fallback = Plan::new(&self.batch.produces, m, self.now);
-                &fallback
-            }
-        };
+        // `prepare` planned against this state already; planning here only if it did not.
+        let plan = self
+            .plan
+            .get_or_insert_with(|| Plan::new(&self.batch.produces, m, self.now));
         let d = batch::apply(m, self.now, &self.batch, plan, self.segment.as_ref());
         self.wrote = matches!(d, Decision::Commit(_));
         Ok(d)

@@ -66,15 +66,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::BehaviorVersion;
-use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{ProvideCredentials, Region};
-use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 use bytes::Bytes;
 use rand::Rng;
+
+mod errors;
+mod location;
+
+use errors::{etag_of, map_err};
+use location::{parse_location, strip_userinfo};
 
 use super::{Failure, Fetched, Object, Store, StoreError, StoreResult};
 
@@ -433,118 +438,6 @@ impl Store for S3Store {
     }
 }
 
-/// Splits `BUCKET[/PREFIX]` into the bucket and the prefix (empty, or ending in one `/`).
-fn parse_location(rest: &str) -> StoreResult<(String, String)> {
-    let (bucket, prefix) = match rest.split_once('/') {
-        Some((b, p)) => (b, p.trim_matches('/')),
-        None => (rest, ""),
-    };
-    if bucket.is_empty() {
-        return Err(StoreError::other(format!(
-            "S3 store URL s3://{rest} names no bucket: expected s3://BUCKET[/PREFIX]"
-        )));
-    }
-    let prefix = if prefix.is_empty() {
-        String::new()
-    } else {
-        format!("{prefix}/")
-    };
-    Ok((bucket.to_string(), prefix))
-}
-
-/// `scheme://user:pass@host/...` → `scheme://host/...`, so `describe` never shows secrets.
-fn strip_userinfo(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((s, r)) => (Some(s), r),
-        None => (None, url),
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let rest = match rest[..authority_end].rfind('@') {
-        Some(at) => &rest[at + 1..],
-        None => rest,
-    };
-    match scheme {
-        Some(s) => format!("{s}://{rest}"),
-        None => rest.to_string(),
-    }
-}
-
-/// The one place ETags are read: verbatim, quotes and all, as S3 sent them.
-fn etag_of(op: &str, key: &str, etag: Option<&str>) -> StoreResult<String> {
-    match etag {
-        Some(e) if !e.is_empty() => Ok(e.to_string()),
-        _ => Err(StoreError::other(format!(
-            "{op} {key}: response has no ETag"
-        ))),
-    }
-}
-
-/// Classifies every S3 error (see the table in the module documentation). The SDK error
-/// is kept as the source of the returned [`Failure`].
-fn map_err<E>(op: &str, key: &str, err: SdkError<E, HttpResponse>) -> StoreError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    enum Class {
-        Conflict,
-        NotFound,
-        Unavailable,
-        Other,
-    }
-    let mut message = format!("{op} {key}: {}", DisplayErrorContext(&err));
-    let class = match &err {
-        SdkError::ConstructionFailure(_) => Class::Other,
-        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => Class::Unavailable,
-        SdkError::DispatchFailure(f) if f.is_user() => Class::Other,
-        SdkError::DispatchFailure(_) => Class::Unavailable,
-        SdkError::ServiceError(se) => {
-            let status = se.raw().status().as_u16();
-            match (status, err.code()) {
-                (_, Some("NoSuchBucket")) => {
-                    message = format!(
-                        "{op} {key}: the bucket does not exist: {}",
-                        DisplayErrorContext(&err)
-                    );
-                    Class::Other
-                }
-                (412, _) | (_, Some("PreconditionFailed")) => Class::Conflict,
-                (409, _) | (_, Some("ConditionalRequestConflict")) => Class::Conflict,
-                (404, _) | (_, Some("NoSuchKey")) => Class::NotFound,
-                // Permanent: the server does not implement what was asked (e.g. a condition).
-                (501, _) | (_, Some("NotImplemented")) => {
-                    message.push_str(&format!(" (HTTP {status})"));
-                    Class::Other
-                }
-                (500..=599, _) | (429, _) => Class::Unavailable,
-                (
-                    _,
-                    Some(
-                        "SlowDown"
-                        | "RequestTimeout"
-                        | "InternalError"
-                        | "ServiceUnavailable"
-                        | "Throttling"
-                        | "ThrottlingException"
-                        | "RequestLimitExceeded"
-                        | "TooManyRequestsException",
-                    ),
-                ) => Class::Unavailable,
-                _ => {
-                    message.push_str(&format!(" (HTTP {status})"));
-                    Class::Other
-                }
-            }
-        }
-        _ => Class::Other,
-    };
-    match class {
-        Class::Conflict => StoreError::Conflict,
-        Class::NotFound => StoreError::NotFound,
-        Class::Unavailable => StoreError::Unavailable(Failure::caused_by(message, err)),
-        Class::Other => StoreError::Other(Failure::caused_by(message, err)),
-    }
-}
-
 /// Runs an idempotent operation, retrying up to [`SAFE_RETRIES`] times on `Unavailable`
 /// with full-jitter exponential backoff.
 async fn retry_safe<T, F, Fut>(mut op: F) -> StoreResult<T>
@@ -564,87 +457,5 @@ where
             }
             other => return other,
         }
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_bucket_and_prefix() {
-        let p = |s| parse_location(s).unwrap();
-        assert_eq!(p("b"), ("b".to_string(), String::new()));
-        assert_eq!(p("b/"), ("b".to_string(), String::new()));
-        assert_eq!(p("b/x"), ("b".to_string(), "x/".to_string()));
-        assert_eq!(p("b/x/y/"), ("b".to_string(), "x/y/".to_string()));
-        assert!(matches!(parse_location(""), Err(StoreError::Other(_))));
-        assert!(matches!(parse_location("/x"), Err(StoreError::Other(_))));
-    }
-
-    #[test]
-    fn describe_hides_userinfo() {
-        assert_eq!(
-            strip_userinfo("http://127.0.0.1:4566"),
-            "http://127.0.0.1:4566"
-        );
-        assert_eq!(
-            strip_userinfo("https://u:secret@host:9000/p"),
-            "https://host:9000/p"
-        );
-        assert_eq!(strip_userinfo("host/a@b"), "host/a@b");
-    }
-
-    fn service_err(
-        status: u16,
-        code: &str,
-    ) -> SdkError<aws_sdk_s3::operation::put_object::PutObjectError, HttpResponse> {
-        use aws_sdk_s3::error::ErrorMetadata;
-        use aws_sdk_s3::operation::put_object::PutObjectError;
-        use aws_sdk_s3::primitives::SdkBody;
-        let mut meta = ErrorMetadata::builder();
-        if !code.is_empty() {
-            meta = meta.code(code);
-        }
-        let raw = HttpResponse::new(status.try_into().unwrap(), SdkBody::empty());
-        SdkError::service_error(PutObjectError::generic(meta.build()), raw)
-    }
-
-    #[test]
-    fn maps_errors() {
-        let m = |status, code| map_err("PutObject", "k", service_err(status, code));
-        assert!(matches!(m(412, "PreconditionFailed"), StoreError::Conflict));
-        assert!(matches!(
-            m(409, "ConditionalRequestConflict"),
-            StoreError::Conflict
-        ));
-        assert!(matches!(m(404, "NoSuchKey"), StoreError::NotFound));
-        assert!(matches!(m(404, ""), StoreError::NotFound));
-        assert!(matches!(m(404, "NoSuchBucket"), StoreError::Other(_)));
-        assert!(matches!(m(503, "SlowDown"), StoreError::Unavailable(_)));
-        assert!(matches!(
-            m(500, "InternalError"),
-            StoreError::Unavailable(_)
-        ));
-        assert!(matches!(m(502, ""), StoreError::Unavailable(_)));
-        assert!(matches!(
-            m(400, "RequestTimeout"),
-            StoreError::Unavailable(_)
-        ));
-        assert!(matches!(m(403, "AccessDenied"), StoreError::Other(_)));
-        assert!(matches!(m(501, "NotImplemented"), StoreError::Other(_)));
-        let timeout: SdkError<aws_sdk_s3::operation::put_object::PutObjectError, HttpResponse> =
-            SdkError::timeout_error("slow");
-        assert!(matches!(
-            map_err("PutObject", "k", timeout),
-            StoreError::Unavailable(_)
-        ));
-    }
-
-    #[test]
-    fn etag_is_verbatim() {
-        assert_eq!(etag_of("op", "k", Some("\"abc\"")).unwrap(), "\"abc\"");
-        assert!(etag_of("op", "k", None).is_err());
     }
 }
