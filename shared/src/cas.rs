@@ -331,11 +331,15 @@ impl<'a, S: Stored> Cell<'a, S> {
                     return Ok((value, s));
                 }
                 Written::Lost(current) => {
-                    // A stale cache is expected to miss once: re-read at once. Real races back off.
+                    // A stale cache is expected to miss once: re-read at once. Real races back
+                    // off first, so the state they retry on is as fresh as it can be.
                     if fresh {
                         backoff(attempt).await;
                     }
-                    snap = current;
+                    snap = match current {
+                        Some(current) => current,
+                        None => self.read().await?,
+                    };
                     fresh = true;
                 }
             }
@@ -360,9 +364,7 @@ impl<'a, S: Stored> Cell<'a, S> {
                 value: next,
                 etag: Some(etag),
             })),
-            Err(StoreError::Conflict) | Err(StoreError::NotFound) => {
-                Ok(Written::Lost(self.read().await?))
-            }
+            Err(StoreError::Conflict) | Err(StoreError::NotFound) => Ok(Written::Lost(None)),
             Err(StoreError::Unavailable(why)) if recoverable => {
                 // The write may have landed. Look for our write id before retrying.
                 let Ok(current) = self.read::<E>().await else {
@@ -371,7 +373,7 @@ impl<'a, S: Stored> Cell<'a, S> {
                 if current.value.written_by(&write_id) {
                     return Ok(Written::Landed(current));
                 }
-                Ok(Written::Lost(current))
+                Ok(Written::Lost(Some(current)))
             }
             Err(e) => Err(CasError::Store(e)),
         }
@@ -381,8 +383,8 @@ impl<'a, S: Stored> Cell<'a, S> {
 enum Written<S> {
     /// The write landed; the state as written.
     Landed(Snapshot<S>),
-    /// It did not; the current state.
-    Lost(Snapshot<S>),
+    /// It did not; the current state if it was read already.
+    Lost(Option<Snapshot<S>>),
 }
 
 /// Full-jitter exponential backoff: up to 2 ms × 2^attempt, capped at 100 ms. The one
@@ -391,4 +393,133 @@ pub async fn backoff(attempt: u32) {
     let cap = (2u64 << attempt.min(6)).min(100);
     let ms = rand::thread_rng().gen_range(0..=cap);
     tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
+    use super::*;
+    use crate::clock::SequentialIds;
+    use crate::partition::Manifest;
+    use crate::store::memory::MemoryStore;
+    use crate::store::testing::fault::{FaultPlan, FaultStore};
+    use crate::store::DynStore;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Counter(u64);
+    impl JsonRecord for Counter {}
+
+    fn add(n: u64) -> Pure<impl FnMut(&mut Option<Counter>) -> Result<Decision<u64>, ()>> {
+        Pure(move |c: &mut Option<Counter>| {
+            let next = c.as_ref().map_or(0, |c| c.0) + n;
+            *c = Some(Counter(next));
+            Ok(Decision::Commit(next))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_stale_cache_is_written_against_once_then_reread() {
+        let store = MemoryStore::new();
+        let ids = SequentialIds::default();
+        let cell = Cell::<Option<Counter>>::new(&store, &ids, "c", &());
+        let mut cache = None;
+        cell.update_cached(&mut cache, &mut add(1)).await.unwrap();
+        // Another writer moves the object on; the cache is stale now.
+        cell.update(add(10)).await.unwrap();
+        let (v, snap) = cell.update_cached(&mut cache, &mut add(1)).await.unwrap();
+        assert_eq!((v, snap.value), (12, Some(Counter(12))));
+        assert_eq!(cache.map(|c| c.value), Some(Some(Counter(12))));
+    }
+
+    #[tokio::test]
+    async fn keep_on_a_stale_cache_is_confirmed_and_applied_again() {
+        let store = MemoryStore::new();
+        let ids = SequentialIds::default();
+        let cell = Cell::<Option<Counter>>::new(&store, &ids, "c", &());
+        let mut cache = None;
+        cell.update_cached(&mut cache, &mut add(1)).await.unwrap();
+        cell.update(add(1)).await.unwrap();
+        // "Keep unless the value is even": the cache says 1 (keep), the store says 2.
+        let mut seen = Vec::new();
+        let mut change = Pure(|c: &mut Option<Counter>| {
+            let v = c.as_ref().map_or(0, |c| c.0);
+            seen.push(v);
+            Ok::<_, ()>(if v.is_multiple_of(2) {
+                *c = Some(Counter(v + 1));
+                Decision::Commit(v)
+            } else {
+                Decision::Keep(v)
+            })
+        });
+        let (v, _) = cell.update_cached(&mut cache, &mut change).await.unwrap();
+        assert_eq!(v, 2, "the decision was taken again on the current state");
+        assert_eq!(seen, vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn refusals_and_contention_are_typed() {
+        let store = MemoryStore::new();
+        let ids = SequentialIds::default();
+        let cell = Cell::<Option<Counter>>::new(&store, &ids, "c", &());
+        let refused = cell
+            .update(Pure(|_: &mut Option<Counter>| Err::<Decision<()>, _>("no")))
+            .await;
+        assert!(matches!(refused, Err(CasError::Rejected("no"))));
+        // Every conditional write conflicts: the update gives up after MAX_ATTEMPTS.
+        let inner: DynStore = Arc::new(MemoryStore::new());
+        let plan = FaultPlan {
+            error_before: 0.0,
+            error_after: 0.0,
+            conflict: 1.0,
+            max_latency: Duration::ZERO,
+        };
+        let faulty = FaultStore::new(inner, plan, 1);
+        let inc = "i".to_string();
+        let cell = Cell::<Manifest>::new(&*faulty, &ids, "topics/t/0/manifest.json", &inc);
+        let r = cell
+            .update(Pure(|_: &mut Manifest| Ok::<_, ()>(Decision::Commit(()))))
+            .await;
+        assert!(matches!(r, Err(CasError::Contention)), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_lost_response_is_recovered_by_write_id_and_applied_once() {
+        let inner: DynStore = Arc::new(MemoryStore::new());
+        // Every write lands, then reports a timeout.
+        let plan = FaultPlan {
+            error_before: 0.0,
+            error_after: 1.0,
+            conflict: 0.0,
+            max_latency: Duration::ZERO,
+        };
+        let faulty = FaultStore::new(inner.clone(), plan, 7);
+        let ids = SequentialIds::default();
+        let inc = "i".to_string();
+        let key = "topics/t/0/manifest.json";
+        let cell = Cell::<Manifest>::new(&*faulty, &ids, key, &inc);
+        let bump = |m: &mut Manifest| {
+            m.next_offset += 1;
+            Ok::<_, ()>(Decision::Commit(()))
+        };
+        cell.update(Pure(bump)).await.unwrap();
+        cell.update(Pure(bump)).await.unwrap();
+        let stored = Cell::<Manifest>::new(&*inner, &ids, key, &inc);
+        let m = stored.read::<()>().await.unwrap().value;
+        assert_eq!(
+            (m.next_offset, m.version),
+            (2, 2),
+            "each change applied once"
+        );
+        // A record without write ids reports the ambiguous failure instead.
+        let cell = Cell::<Option<Counter>>::new(&*faulty, &ids, "c", &());
+        let r = cell.update(add(1)).await;
+        assert!(
+            matches!(r, Err(CasError::Store(StoreError::Unavailable(_)))),
+            "{r:?}"
+        );
+    }
 }
