@@ -10,6 +10,7 @@
 //! | `NARAD_MAX_WAIT_MS` | 10000 | cap on a consume's `wait` |
 //! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store |
 //! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
+//! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
 //! | `NARAD_COMMIT_LINGER_MS` | 2 | how long a group commit waits for more operations to join |
 //! | `NARAD_TEST_CLOCK_FILE` | (unset) | **tests only**: read "now" (ms since the epoch) from this file on every clock read, so a test can move an external server's time |
 //!
@@ -30,8 +31,8 @@ pub struct BrokerOptions {
     pub max_wait: Duration,
     /// How often a long poll re-reads the store for work from other processes.
     pub poll_interval: Duration,
-    /// Decoded segments kept in memory.
-    pub segment_cache_entries: usize,
+    /// Bytes of decoded segments kept in memory (index objects get a quarter more).
+    pub segment_cache_bytes: usize,
     /// How long topic settings are cached in this process. Settings changed by another
     /// process take up to this long to apply here.
     pub topic_cache: Duration,
@@ -45,7 +46,7 @@ impl Default for BrokerOptions {
             max_message_bytes: 1 << 20,
             max_wait: Duration::from_secs(10),
             poll_interval: Duration::from_millis(500),
-            segment_cache_entries: 256,
+            segment_cache_bytes: 64 << 20,
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
         }
@@ -180,7 +181,12 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
         )? as usize,
         max_wait: ms("NARAD_MAX_WAIT_MS", defaults.max_wait, 0, 25_000)?,
         poll_interval: ms("NARAD_POLL_INTERVAL_MS", defaults.poll_interval, 10, 60_000)?,
-        segment_cache_entries: defaults.segment_cache_entries,
+        segment_cache_bytes: num(
+            "NARAD_SEGMENT_CACHE_BYTES",
+            defaults.segment_cache_bytes as u64,
+            0,
+            16 << 30,
+        )? as usize,
         commit_linger: ms("NARAD_COMMIT_LINGER_MS", defaults.commit_linger, 0, 1000)?,
         topic_cache: ms("NARAD_TOPIC_CACHE_MS", defaults.topic_cache, 0, 60_000)?,
     })

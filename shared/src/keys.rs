@@ -7,6 +7,7 @@
 //! | `topics/{topic}/topic.json` | topic settings, created with put-if-absent |
 //! | `topics/{topic}/{partition}/manifest.json` | the partition's mutable state, replaced by CAS |
 //! | `topics/{topic}/{partition}/segments/{id}` | an immutable batch of messages |
+//! | `topics/{topic}/{partition}/indexes/{id}` | an immutable list of older segments (or of lower indexes) |
 //! | `system/receipt-key.json` | the generated receipt-signing key, when none is configured |
 //!
 //! Topic names are validated by [`validate_topic`] before any key is built from them.
@@ -60,6 +61,12 @@ pub fn segment(topic: &str, partition: u32, id: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/{partition}/segments/{id}")
 }
 
+/// `topics/{topic}/{partition}/indexes/{id}`: an immutable index object (ids as
+/// [`segment_id`]).
+pub fn index(topic: &str, partition: u32, id: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/{partition}/indexes/{id}")
+}
+
 /// A segment id: the write time (ms, 13 digits, so ids sort by age) and a unique part.
 /// Garbage collection reads the age back with [`segment_time`].
 pub fn segment_id(now_ms: u64, unique: &str) -> String {
@@ -87,6 +94,7 @@ mod tests {
         assert_eq!(topic_settings("orders"), "topics/orders/topic.json");
         assert_eq!(manifest("orders", 3), "topics/orders/3/manifest.json");
         assert_eq!(segment("orders", 0, "abc"), "topics/orders/0/segments/abc");
+        assert_eq!(index("orders", 0, "abc"), "topics/orders/0/indexes/abc");
         assert_eq!(topic_prefix("orders"), "topics/orders/");
         assert_eq!(segment_id(1_795_953_600_000, "abc"), "1795953600000-abc");
         assert_eq!(segment_time("1795953600000-abc"), Some(1_795_953_600_000));

@@ -16,10 +16,11 @@
 //! 6. [`store`]: the storage trait and its backends (file, memory, S3, metered).
 //!
 //! Beside the flow: [`maintenance`] (gc and compaction, through the broker's API),
-//! [`topic`], [`segment`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
+//! [`topic`], [`segment`], [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
 //! [`config`] (configuration from the environment) and [`error`].
 
 pub mod broker;
+pub mod cache;
 pub mod cas;
 pub mod clock;
 pub mod commit;

@@ -9,6 +9,8 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::cache::{Cache, Weigh};
+
 const MAGIC: &[u8; 4] = b"NSG1";
 
 /// One stored message.
@@ -45,32 +47,19 @@ pub struct Segment {
     pub messages: Vec<StoredMessage>,
 }
 
-/// Decoded segments shared by the committer (which caches what it writes) and readers.
-/// Segments are immutable, so a cached copy never goes stale.
-pub struct SegmentCache(std::sync::Mutex<lru::LruCache<String, std::sync::Arc<Segment>>>);
-
-impl SegmentCache {
-    /// A cache holding up to `entries` segments.
-    pub fn new(entries: usize) -> Self {
-        let cap =
-            std::num::NonZeroUsize::new(entries.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
-        Self(std::sync::Mutex::new(lru::LruCache::new(cap)))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, lru::LruCache<String, std::sync::Arc<Segment>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The segment stored under `key`, if cached.
-    pub fn get(&self, key: &str) -> Option<std::sync::Arc<Segment>> {
-        self.lock().get(key).cloned()
-    }
-
-    /// Caches the segment stored under `key`.
-    pub fn put(&self, key: String, seg: std::sync::Arc<Segment>) {
-        self.lock().put(key, seg);
+impl Weigh for Segment {
+    fn weight(&self) -> usize {
+        self.messages
+            .iter()
+            .map(|m| m.payload.len() + m.key.as_ref().map_or(0, String::len) + 48)
+            .sum::<usize>()
+            + 32
     }
 }
+
+/// Decoded segments shared by the committer (which caches what it writes) and readers,
+/// bounded in bytes (`NARAD_SEGMENT_CACHE_BYTES`).
+pub type SegmentCache = Cache<Segment>;
 
 /// A segment that does not decode or whose checksum fails.
 #[derive(Debug, thiserror::Error)]

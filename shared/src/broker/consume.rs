@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::long_poll::Gauge;
 use super::{check_partition, Broker};
 use crate::error::BrokerResult;
-use crate::partition::Grant;
+use crate::partition::{Grant, Layout};
 use crate::receipt::Claims;
 use crate::topic::Topic;
 
@@ -92,48 +92,49 @@ impl Broker {
             if out.len() >= max {
                 break;
             }
-            let leased = self.committer.lease(topic, p, max - out.len()).await?;
-            for g in leased.dead {
-                self.dead_letter(topic, p, g).await;
+            let answer = self.committer.lease(topic, p, max - out.len()).await?;
+            for g in answer.leased.dead {
+                self.dead_letter(topic, p, &answer.layout, g).await;
             }
-            for g in leased.grants {
-                if let Some(d) = self.deliver(topic, p, g).await? {
-                    out.push(d);
-                }
-            }
+            let grants = answer.leased.grants;
+            out.extend(self.deliver(topic, p, &answer.layout, grants).await?);
         }
         Ok(out)
     }
 
-    /// Reads a leased message and signs its handle. `None` if retention removed it
-    /// meanwhile (the lease then lapses harmlessly).
+    /// Reads the leased messages and signs their handles. A message retention removed
+    /// meanwhile is left out (its lease then lapses harmlessly).
     async fn deliver(
         &self,
         topic: &Topic,
         partition: u32,
-        g: Grant,
-    ) -> BrokerResult<Option<Delivery>> {
-        let Some(msg) = self
-            .message(&topic.name, partition, &g.segment, g.offset)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let claims = Claims {
-            topic: topic.name.clone(),
-            partition,
-            offset: g.offset,
-            lease_id: g.lease_id,
-        };
-        Ok(Some(Delivery {
-            topic: topic.name.clone(),
-            partition,
-            offset: g.offset,
-            key: msg.key,
-            payload: Bytes::from(msg.payload),
-            receipt_handle: Some(self.receipts.sign(&claims)),
-            delivery_count: g.delivery_count,
-            produced_at_ms: msg.produced_at_ms,
-        }))
+        layout: &Layout,
+        grants: Vec<Grant>,
+    ) -> BrokerResult<Vec<Delivery>> {
+        let offsets: Vec<u64> = grants.iter().map(|g| g.offset).collect();
+        let messages = self
+            .messages(&topic.name, partition, layout, &offsets)
+            .await?;
+        let mut out = Vec::with_capacity(grants.len());
+        for (g, msg) in grants.into_iter().zip(messages) {
+            let Some(msg) = msg else { continue };
+            let claims = Claims {
+                topic: topic.name.clone(),
+                partition,
+                offset: g.offset,
+                lease_id: g.lease_id,
+            };
+            out.push(Delivery {
+                topic: topic.name.clone(),
+                partition,
+                offset: g.offset,
+                key: msg.key,
+                payload: Bytes::from(msg.payload),
+                receipt_handle: Some(self.receipts.sign(&claims)),
+                delivery_count: g.delivery_count,
+                produced_at_ms: msg.produced_at_ms,
+            });
+        }
+        Ok(out)
     }
 }

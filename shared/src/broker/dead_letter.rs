@@ -11,14 +11,20 @@ use sha2::{Digest, Sha256};
 
 use super::{Broker, NewMessage, Settle};
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::Grant;
+use crate::partition::{Grant, Layout};
 use crate::topic::Topic;
 
 impl Broker {
     /// Moves a parked message to the dead-letter topic, then settles it here. Failures
     /// are logged; the message stays parked and is moved again later.
-    pub(super) async fn dead_letter(&self, topic: &Topic, partition: u32, g: Grant) {
-        match self.move_dead_letter(topic, partition, &g).await {
+    pub(super) async fn dead_letter(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        layout: &Layout,
+        g: Grant,
+    ) {
+        match self.move_dead_letter(topic, partition, layout, &g).await {
             Ok(()) => {
                 self.dead_lettered.fetch_add(1, Ordering::Relaxed);
             }
@@ -29,16 +35,22 @@ impl Broker {
         }
     }
 
-    async fn move_dead_letter(&self, topic: &Topic, partition: u32, g: &Grant) -> BrokerResult<()> {
+    async fn move_dead_letter(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        layout: &Layout,
+        g: &Grant,
+    ) -> BrokerResult<()> {
         let Some(dlq) = topic.settings.dead_letter_topic.clone() else {
             return Err(BrokerError::Internal(
                 "a message was parked for a topic with no dead_letter_topic".into(),
             ));
         };
-        if let Some(msg) = self
-            .message(&topic.name, partition, &g.segment, g.offset)
-            .await?
-        {
+        let mut found = self
+            .messages(&topic.name, partition, layout, &[g.offset])
+            .await?;
+        if let Some(msg) = found.pop().flatten() {
             let origin = format!(
                 "{}\n{}\n{partition}\n{}",
                 topic.name, topic.incarnation, g.offset

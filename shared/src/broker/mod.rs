@@ -27,11 +27,13 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::cache::Cache;
 use crate::clock::{Clock, IdSource};
 use crate::commit::Committer;
 use crate::config::{BrokerOptions, Config};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::compact::Swap;
+use crate::partition::index::Index;
 use crate::receipt::{self, Receipts};
 use crate::segment::SegmentCache;
 use crate::store::metered::MeteredStore;
@@ -53,6 +55,8 @@ pub struct Broker {
     opts: BrokerOptions,
     committer: Arc<Committer>,
     segments: Arc<SegmentCache>,
+    indexes: Arc<Cache<Index>>,
+    views: replay::Views,
     topics: topics::TopicCache,
     round_robin: AtomicU64,
     waiting: AtomicI64,
@@ -87,12 +91,13 @@ impl Broker {
             None => Receipts::new(vec![receipt::shared_key(&*store, &*ids).await?])
                 .ok_or_else(|| BrokerError::Internal("no receipt key".into()))?,
         };
-        let segments = Arc::new(SegmentCache::new(opts.segment_cache_entries));
+        let segments = Arc::new(SegmentCache::new(opts.segment_cache_bytes));
+        let indexes = Arc::new(Cache::new(opts.segment_cache_bytes / 4));
         let committer = Arc::new(Committer::new(
             store.clone(),
             ids.clone(),
             clock.clone(),
-            segments.clone(),
+            (segments.clone(), indexes.clone()),
             opts.commit_linger,
         ));
         Ok(Self {
@@ -105,6 +110,8 @@ impl Broker {
             opts,
             committer,
             segments,
+            indexes,
+            views: replay::Views::default(),
             round_robin: AtomicU64::new(0),
             waiting: AtomicI64::new(0),
             dead_lettered: AtomicU64::new(0),

@@ -1,13 +1,43 @@
-//! Reading messages out of segments, through this process's cache of decoded segments
-//! (segments are immutable, so a cached copy never goes stale).
+//! Reading messages: find an offset's segment (a hot segment of the layout, or through
+//! index objects for older offsets), read segments once per process through byte-bounded
+//! caches, several at a time, and read ahead of a consumer far behind its producers.
+//!
+//! Segments and index objects are immutable, so cached copies never go stale; a message
+//! whose segment is gone was removed by retention (the caller treats it as expired).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::Broker;
+use crate::cache::Cache;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::partition::SegmentRef;
-use crate::segment::{Segment, StoredMessage};
+use crate::partition::index::{Entries, Found, Index};
+use crate::partition::{Layout, Located, SegmentRef};
+use crate::segment::{Segment, SegmentCache, StoredMessage};
+use crate::store::DynStore;
+
+/// Segments read ahead of the last one a consume read.
+pub const READ_AHEAD_SEGMENTS: usize = 8;
+/// Most payload bytes one read-ahead fetches.
+pub const READ_AHEAD_BYTES: u64 = 8 << 20;
+
+/// Reads one segment through the cache; `None` if it is gone.
+async fn fetch_segment(
+    store: &DynStore,
+    cache: &SegmentCache,
+    key: String,
+) -> BrokerResult<Option<Arc<Segment>>> {
+    if let Some(s) = cache.get(&key) {
+        return Ok(Some(s));
+    }
+    let Some(obj) = store.get(&key).await? else {
+        return Ok(None);
+    };
+    let s = Arc::new(Segment::decode(&obj.data)?);
+    cache.put(key, s.clone());
+    Ok(Some(s))
+}
 
 impl Broker {
     /// A whole segment, from the cache or the store; `None` if it is gone.
@@ -20,34 +50,188 @@ impl Broker {
         id: &str,
     ) -> BrokerResult<Option<Arc<Segment>>> {
         let key = keys::segment(topic, partition, id);
-        if let Some(s) = self.segments.get(&key) {
-            return Ok(Some(s));
-        }
-        let Some(obj) = self.store.get(&key).await? else {
-            return Ok(None);
-        };
-        let s = Arc::new(Segment::decode(&obj.data)?);
-        self.segments.put(key, s.clone());
-        Ok(Some(s))
+        fetch_segment(&self.store, &self.segments, key).await
     }
 
-    /// The message at `offset` of segment `seg`; `None` if the segment is gone.
-    pub(super) async fn message(
+    /// An index object, from the cache or the store; `None` if it is gone.
+    ///
+    /// Errors: store failures, [`BrokerError::Corrupt`].
+    pub async fn load_index(
         &self,
         topic: &str,
         partition: u32,
-        seg: &SegmentRef,
-        offset: u64,
-    ) -> BrokerResult<Option<StoredMessage>> {
-        let Some(segment) = self.load_segment(topic, partition, &seg.id).await? else {
-            return Ok(None);
-        };
-        let idx = (offset - seg.base_offset) as usize;
-        segment
-            .messages
-            .get(idx)
-            .cloned()
-            .map(Some)
-            .ok_or_else(|| BrokerError::Corrupt(format!("segment {} has no message {idx}", seg.id)))
+        id: &str,
+    ) -> BrokerResult<Option<Arc<Index>>> {
+        let key = keys::index(topic, partition, id);
+        load_index(&self.store, &self.indexes, key).await
     }
+
+    /// The segment holding `offset` per `layout` (through index objects for older
+    /// offsets), with the level-0 index it was found in, if any; `None` if it is gone.
+    ///
+    /// Errors: store failures, [`BrokerError::Corrupt`].
+    pub async fn segment_of(
+        &self,
+        topic: &str,
+        partition: u32,
+        layout: &Layout,
+        offset: u64,
+    ) -> BrokerResult<Option<(SegmentRef, Option<Arc<Index>>)>> {
+        let mut index = match layout.locate(offset) {
+            None => return Ok(None),
+            Some(Located::Hot(s)) => return Ok(Some((s.clone(), None))),
+            Some(Located::Indexed(r)) => r.clone(),
+        };
+        loop {
+            let Some(loaded) = self.load_index(topic, partition, &index.id).await? else {
+                return Ok(None);
+            };
+            match loaded.find(offset) {
+                Some(Found::Segment(s)) => return Ok(Some((s.clone(), Some(loaded.clone())))),
+                Some(Found::Index(r)) => index = r.clone(),
+                None => {
+                    return Err(BrokerError::Corrupt(format!(
+                        "index {} does not cover offset {offset}",
+                        index.id
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The messages at `offsets` (each `None` if retention removed it): their segments
+    /// are read at once, each once; then the segments after the last one are read ahead
+    /// in the background.
+    ///
+    /// Errors: store failures, [`BrokerError::Corrupt`].
+    pub(super) async fn messages(
+        &self,
+        topic: &str,
+        partition: u32,
+        layout: &Layout,
+        offsets: &[u64],
+    ) -> BrokerResult<Vec<Option<StoredMessage>>> {
+        let mut located = Vec::with_capacity(offsets.len());
+        let mut wanted: BTreeMap<String, SegmentRef> = BTreeMap::new();
+        let mut last = None;
+        for &o in offsets {
+            let found = self.segment_of(topic, partition, layout, o).await?;
+            if let Some((seg, index)) = &found {
+                wanted.insert(seg.id.clone(), seg.clone());
+                if last
+                    .as_ref()
+                    .is_none_or(|(s, _): &(SegmentRef, _)| s.base_offset < seg.base_offset)
+                {
+                    last = Some((seg.clone(), index.clone()));
+                }
+            }
+            located.push(found.map(|(s, _)| s));
+        }
+        let loaded = self
+            .fetch_all(topic, partition, wanted.into_values())
+            .await?;
+        if let Some((seg, index)) = last {
+            self.read_ahead(topic, partition, layout, &seg, index.as_deref());
+        }
+        located
+            .into_iter()
+            .zip(offsets)
+            .map(|(seg, &o)| {
+                let Some(seg) = seg else { return Ok(None) };
+                let Some(s) = loaded.get(&seg.id) else {
+                    return Ok(None);
+                };
+                let i = (o - seg.base_offset) as usize;
+                s.messages.get(i).cloned().map(Some).ok_or_else(|| {
+                    BrokerError::Corrupt(format!("segment {} has no message {i}", seg.id))
+                })
+            })
+            .collect()
+    }
+
+    /// Reads `segments` concurrently; the ones still there, by id.
+    async fn fetch_all(
+        &self,
+        topic: &str,
+        partition: u32,
+        segments: impl Iterator<Item = SegmentRef>,
+    ) -> BrokerResult<BTreeMap<String, Arc<Segment>>> {
+        let mut out = BTreeMap::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        for seg in segments {
+            let key = keys::segment(topic, partition, &seg.id);
+            if let Some(s) = self.segments.get(&key) {
+                out.insert(seg.id, s);
+                continue;
+            }
+            let (store, cache) = (self.store.clone(), self.segments.clone());
+            tasks.spawn(async move { (seg.id, fetch_segment(&store, &cache, key).await) });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            let (id, r) =
+                joined.map_err(|e| BrokerError::Internal(format!("segment read: {e}")))?;
+            if let Some(s) = r? {
+                out.insert(id, s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Starts reading the segments after `seg` (hot ones from `layout`, or the following
+    /// entries of its level-0 `index`) that are not cached yet, without waiting.
+    fn read_ahead(
+        &self,
+        topic: &str,
+        partition: u32,
+        layout: &Layout,
+        seg: &SegmentRef,
+        index: Option<&Index>,
+    ) {
+        let next: Vec<SegmentRef> = match index.map(|i| &i.entries) {
+            Some(Entries::Segments(list)) => {
+                let i = list.partition_point(|s| s.base_offset <= seg.base_offset);
+                list[i..]
+                    .iter()
+                    .take(READ_AHEAD_SEGMENTS)
+                    .cloned()
+                    .collect()
+            }
+            _ => layout
+                .hot_after(seg.base_offset, READ_AHEAD_SEGMENTS)
+                .to_vec(),
+        };
+        let mut budget = READ_AHEAD_BYTES;
+        for s in next {
+            let key = keys::segment(topic, partition, &s.id);
+            if budget < s.bytes || self.segments.contains(&key) {
+                continue;
+            }
+            budget -= s.bytes;
+            let (store, cache) = (self.store.clone(), self.segments.clone());
+            tokio::spawn(async move {
+                if let Err(e) = fetch_segment(&store, &cache, key).await {
+                    tracing::debug!(error = %e, "read-ahead failed");
+                }
+            });
+        }
+    }
+}
+
+/// Reads one index object through the cache; `None` if it is gone.
+async fn load_index(
+    store: &DynStore,
+    cache: &Cache<Index>,
+    key: String,
+) -> BrokerResult<Option<Arc<Index>>> {
+    if let Some(i) = cache.get(&key) {
+        return Ok(Some(i));
+    }
+    let Some(obj) = store.get(&key).await? else {
+        return Ok(None);
+    };
+    let index =
+        Index::decode(&obj.data).map_err(|e| BrokerError::Corrupt(format!("{key}: {e}")))?;
+    let index = Arc::new(index);
+    cache.put(key, index.clone());
+    Ok(Some(index))
 }

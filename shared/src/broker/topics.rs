@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::Broker;
-use crate::cas::{Cell, Decision, Pure, Snapshot};
+use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::Manifest;
@@ -37,12 +37,16 @@ pub struct PartitionStats {
     pub in_flight: u64,
     /// Offsets acked above the frontier.
     pub acked_ahead: u64,
-    /// Retained segment objects.
+    /// Retained segment objects (hot and indexed).
     pub segments: u64,
     /// Retained payload bytes.
     pub bytes: u64,
     /// Manifest version.
     pub version: u64,
+    /// Size of the manifest object in bytes (what every commit writes).
+    pub manifest_bytes: u64,
+    /// Index objects the manifest names (each may name more below it).
+    pub indexes: u64,
 }
 
 /// Topic settings cached in this process.
@@ -235,9 +239,11 @@ impl Broker {
                 available: (m.next_offset - m.frontier).saturating_sub(in_flight + acked),
                 in_flight,
                 acked_ahead: acked,
-                segments: m.segments.len() as u64,
-                bytes: m.segments.iter().map(|s| s.bytes).sum(),
+                segments: m.retained_segments(),
+                bytes: m.retained_bytes(),
                 version: m.version,
+                manifest_bytes: m.encode().map_or(0, |b| b.len() as u64),
+                indexes: m.indexes.len() as u64,
             });
         }
         Ok(out)

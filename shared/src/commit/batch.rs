@@ -21,13 +21,14 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::{Committer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use super::upkeep::Upkeeper;
+use super::{Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::partition::batch::{self, Applied, Batch};
+use crate::partition::batch::{self, Applied, Batch, Written};
 use crate::partition::produce::Plan;
-use crate::partition::{Leased, Manifest, Rules, SegmentRef};
+use crate::partition::{Layout, Manifest, Rules, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
 use crate::settings::TopicSettings;
 use crate::store::Fetched;
@@ -38,7 +39,7 @@ use crate::topic::TopicRecord;
 struct Replies {
     produced: Vec<oneshot::Sender<BrokerResult<Vec<u64>>>>,
     settled: Vec<oneshot::Sender<BrokerResult<()>>>,
-    leased: Vec<oneshot::Sender<BrokerResult<Leased>>>,
+    leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
     compacted: Vec<oneshot::Sender<BrokerResult<u64>>>,
 }
 
@@ -47,8 +48,8 @@ impl Replies {
         self.produced.len() + self.settled.len() + self.leased.len() + self.compacted.len()
     }
 
-    /// Answers every caller with its own result.
-    fn answer(self, applied: Applied, refused: Option<&BrokerError>) {
+    /// Answers every caller with its own result; leases with the committed `layout`.
+    fn answer(self, applied: Applied, refused: Option<&BrokerError>, layout: Arc<Layout>) {
         for (tx, r) in self.produced.into_iter().zip(applied.produced) {
             let r = r.ok_or_else(|| {
                 refused.cloned().unwrap_or_else(|| {
@@ -60,8 +61,9 @@ impl Replies {
         for (tx, r) in self.settled.into_iter().zip(applied.settled) {
             let _ = tx.send(r.map_err(BrokerError::from));
         }
-        for (tx, r) in self.leased.into_iter().zip(applied.leased) {
-            let _ = tx.send(Ok(r));
+        for (tx, leased) in self.leased.into_iter().zip(applied.leased) {
+            let layout = layout.clone();
+            let _ = tx.send(Ok(LeaseAnswer { leased, layout }));
         }
         for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
             let _ = tx.send(Ok(r));
@@ -131,6 +133,8 @@ struct BatchCommit<'a> {
     written_for: Option<Plan>,
     segment: Option<SegmentRef>,
     refused: Option<BrokerError>,
+    /// Index objects written for this batch's upkeep.
+    upkeeper: Upkeeper,
     /// Whether the last `apply` decided to write.
     wrote: bool,
 }
@@ -166,6 +170,9 @@ impl Change<Manifest> for BatchCommit<'_> {
             }
         }
         self.plan = Some(plan);
+        let mut after = state.clone();
+        after.apply_retention(self.now, self.batch.rules.retention_ms);
+        self.upkeeper.prepare(self.committer, self.q, &after).await;
     }
 
     fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
@@ -173,7 +180,12 @@ impl Change<Manifest> for BatchCommit<'_> {
         let plan = self
             .plan
             .get_or_insert_with(|| Plan::new(&self.batch.produces, m, self.now));
-        let d = batch::apply(m, self.now, &self.batch, plan, self.segment.as_ref());
+        let written = Written {
+            plan,
+            segment: self.segment.as_ref(),
+            upkeep: &self.upkeeper.upkeep,
+        };
+        let d = batch::apply(m, self.now, &self.batch, written);
         self.wrote = matches!(d, Decision::Commit(_));
         Ok(d)
     }
@@ -199,19 +211,21 @@ impl Committer {
             written_for: None,
             segment: None,
             refused: None,
+            upkeeper: Upkeeper::default(),
             wrote: false,
         };
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         match cell.update_cached(&mut cache, &mut change).await {
-            Ok((applied, _)) => {
+            Ok((mut applied, snap)) => {
                 if change.wrote {
                     self.stats.commits.fetch_add(1, Ordering::Relaxed);
                     let n = replies.len() as u64;
                     self.stats.committed_ops.fetch_add(n, Ordering::Relaxed);
                 }
-                let (dropped, wake) = (applied.dropped.clone(), applied.wake);
-                replies.answer(applied, change.refused.as_ref());
-                self.delete_expired(q, &dropped).await;
+                let (dropped, wake) = (std::mem::take(&mut applied.dropped), applied.wake);
+                let layout = Arc::new(snap.value.layout());
+                replies.answer(applied, change.refused.as_ref(), layout);
+                self.delete_expired(q, dropped).await;
                 if wake {
                     self.wakers.wake(&q.topic);
                 }
@@ -220,16 +234,6 @@ impl Committer {
             Err(e) => {
                 replies.fail(&BrokerError::from(e));
                 None
-            }
-        }
-    }
-
-    /// Deletes the objects of segments retention removed (after the commit landed).
-    async fn delete_expired(&self, q: &Queue, dropped: &[SegmentRef]) {
-        for seg in dropped {
-            let key = keys::segment(&q.topic, q.partition, &seg.id);
-            if let Err(e) = self.store.delete(&key).await {
-                tracing::warn!(%key, error = %e, "could not delete expired segment");
             }
         }
     }

@@ -20,6 +20,7 @@
 //! committed (a lease granted to a vanished caller simply lapses).
 
 mod batch;
+mod upkeep;
 pub mod wake;
 
 use std::collections::HashMap;
@@ -29,14 +30,16 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use crate::cache::Cache;
 use crate::cas::Snapshot;
 use crate::clock::{Clock, IdSource};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::SettleOp;
 use crate::partition::compact::Swap;
+use crate::partition::index::Index;
 use crate::partition::produce::NewStored;
-use crate::partition::{Leased, Manifest, Rules, Settle};
+use crate::partition::{Layout, Leased, Manifest, Rules, Settle};
 use crate::segment::SegmentCache;
 use crate::store::DynStore;
 use crate::topic::Topic;
@@ -50,10 +53,20 @@ pub const MAX_SEGMENT_AGE_AT_COMMIT_MS: u64 = 5 * 60 * 1000;
 /// Payload bytes one commit takes at most (one operation always fits, whatever its size).
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
 
+/// What a lease request got, and where the partition's messages were as of the commit
+/// that granted it (to find each granted message's segment, and to read ahead).
+#[derive(Debug, Clone)]
+pub struct LeaseAnswer {
+    /// The leases granted and the messages parked for dead-lettering.
+    pub leased: Leased,
+    /// The partition's layout as committed.
+    pub layout: Arc<Layout>,
+}
+
 /// One queued operation with the channel its caller waits on.
 enum Op {
     Produce(Vec<NewStored>, oneshot::Sender<BrokerResult<Vec<u64>>>),
-    Lease(usize, oneshot::Sender<BrokerResult<Leased>>),
+    Lease(usize, oneshot::Sender<BrokerResult<LeaseAnswer>>),
     Settle(SettleOp, oneshot::Sender<BrokerResult<()>>),
     Compact(Vec<Swap>, oneshot::Sender<BrokerResult<u64>>),
 }
@@ -105,6 +118,7 @@ pub struct CommitStats {
 /// The per-process group committer. Shared behind an `Arc`.
 pub struct Committer {
     segments: Arc<SegmentCache>,
+    indexes: Arc<Cache<Index>>,
     linger: Duration,
     store: DynStore,
     ids: Arc<dyn IdSource>,
@@ -130,17 +144,20 @@ async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
 }
 
 impl Committer {
-    /// A committer writing through `store`, caching the segments it writes in `segments`.
-    /// Each busy batch waits `linger` so that more operations can join it.
+    /// A committer writing through `store`, caching the segments and index objects it
+    /// writes in `caches`. Each busy batch waits `linger` so that more operations can join
+    /// it.
     pub fn new(
         store: DynStore,
         ids: Arc<dyn IdSource>,
         clock: Arc<dyn Clock>,
-        segments: Arc<SegmentCache>,
+        caches: (Arc<SegmentCache>, Arc<Cache<Index>>),
         linger: Duration,
     ) -> Self {
+        let (segments, indexes) = caches;
         Self {
             segments,
+            indexes,
             linger,
             store,
             ids,
@@ -180,7 +197,7 @@ impl Committer {
         topic: &Topic,
         partition: u32,
         max: usize,
-    ) -> BrokerResult<Leased> {
+    ) -> BrokerResult<LeaseAnswer> {
         let (tx, rx) = oneshot::channel();
         self.enqueue(topic, partition, Op::Lease(max, tx));
         answer(rx).await

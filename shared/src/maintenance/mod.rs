@@ -39,6 +39,8 @@ use serde::Serialize;
 use crate::broker::{Broker, Topic};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
+use crate::partition::index::Entries;
+use crate::partition::Manifest;
 
 pub use compact::{COMPACT_ABOVE_SEGMENTS, COMPACT_MAX_BYTES, COMPACT_MAX_MESSAGES};
 
@@ -125,42 +127,72 @@ async fn partition(
         broker.apply_retention(topic, p).await?;
     }
     let after = broker.read_manifest(topic, p).await?;
-    let cutoff = broker
-        .clock()
-        .now_ms()
-        .saturating_sub(topic.settings.retention_ms);
     report.expired_segments += if pass.dry_run {
-        before
-            .segments
-            .iter()
-            .take_while(|s| s.last_produced_ms < cutoff)
-            .count() as u64
+        let mut expired = before.clone();
+        expired.apply_retention(broker.clock().now_ms(), topic.settings.retention_ms);
+        before.retained_segments() - expired.retained_segments()
     } else {
-        before.segments.len().saturating_sub(after.segments.len()) as u64
+        before
+            .retained_segments()
+            .saturating_sub(after.retained_segments())
     };
-    let named: HashSet<&str> = after.segments.iter().map(|s| s.id.as_str()).collect();
-    let prefix = keys::segment(&topic.name, p, "");
+    let Some(named) = named(broker, topic, p, &after).await? else {
+        tracing::error!(
+            topic = %topic.name, p,
+            "an index object named by the manifest is missing; orphans left alone"
+        );
+        return Ok(());
+    };
     let now = broker.clock().now_ms();
-    for k in objects.iter().filter(|k| k.starts_with(&prefix)) {
-        let id = &k[prefix.len()..];
-        if named.contains(id) {
-            continue;
-        }
-        // Ids without a time (written by something else) are left alone.
-        let Some(written) = keys::segment_time(id) else {
-            continue;
-        };
-        if now.saturating_sub(written) > pass.grace.as_millis() as u64 {
-            if !pass.dry_run {
-                broker.store().delete(k).await?;
+    for prefix in [
+        keys::segment(&topic.name, p, ""),
+        keys::index(&topic.name, p, ""),
+    ] {
+        for k in objects.iter().filter(|k| k.starts_with(&prefix)) {
+            let id = &k[prefix.len()..];
+            if named.contains(id) {
+                continue;
             }
-            report.orphans_deleted += 1;
-        } else {
-            report.orphans_kept += 1;
+            // Ids without a time (written by something else) are left alone.
+            let Some(written) = keys::segment_time(id) else {
+                continue;
+            };
+            if now.saturating_sub(written) > pass.grace.as_millis() as u64 {
+                if !pass.dry_run {
+                    broker.store().delete(k).await?;
+                }
+                report.orphans_deleted += 1;
+            } else {
+                report.orphans_kept += 1;
+            }
         }
     }
     if !pass.dry_run && after.segments.len() > COMPACT_ABOVE_SEGMENTS {
         report.segments_compacted += compact::compact(broker, topic, p, &after.segments).await?;
     }
     Ok(())
+}
+
+/// The ids of every segment and index object `m` names, directly or through its index
+/// objects; `None` if one of those index objects is missing (then nothing may be taken
+/// for an orphan).
+async fn named(
+    broker: &Broker,
+    topic: &Topic,
+    p: u32,
+    m: &Manifest,
+) -> BrokerResult<Option<HashSet<String>>> {
+    let mut named: HashSet<String> = m.segments.iter().map(|s| s.id.clone()).collect();
+    let mut stack = m.indexes.clone();
+    while let Some(r) = stack.pop() {
+        named.insert(r.id.clone());
+        let Some(index) = broker.load_index(&topic.name, p, &r.id).await? else {
+            return Ok(None);
+        };
+        match &index.entries {
+            Entries::Segments(segs) => named.extend(segs.iter().map(|s| s.id.clone())),
+            Entries::Indexes(children) => stack.extend(children.iter().cloned()),
+        }
+    }
+    Ok(Some(named))
 }

@@ -1,6 +1,7 @@
 //! One group commit applied to a manifest, in a fixed order (docs/design.md §6):
 //!
-//! 1. retention (segments past `retention_ms` leave, with their leases and acks);
+//! 1. retention (segments past `retention_ms` leave, with their leases and acks), then
+//!    the index upkeep the committer prepared (a fold, a merge; [`super::index`]);
 //! 2. produces, so leases in the same batch can see the new messages;
 //! 3. settles, which may free in-flight room for the leases;
 //! 4. leases, lowest available offsets first, one cursor for the whole batch;
@@ -10,10 +11,11 @@
 //! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
 
 use super::compact::{self, Swap};
+use super::index::{self, Fold, Merge};
 use super::lease::{self, Cursor, Leased};
 use super::produce::{self, NewStored, Plan};
 use super::settle::{self, Refused, Settle};
-use super::{Manifest, Rules, SegmentRef};
+use super::{Dropped, Manifest, Rules, SegmentRef};
 use crate::cas::Decision;
 
 /// An ack, extend or nack of one lease.
@@ -77,26 +79,51 @@ pub struct Applied {
     pub leased: Vec<Leased>,
     /// Segments replaced by each compaction request.
     pub compacted: Vec<u64>,
-    /// Segments retention removed: their objects are deleted after the commit lands.
-    pub dropped: Vec<SegmentRef>,
+    /// What retention removed: its objects are deleted after the commit lands.
+    pub dropped: Dropped,
+    /// Whether the upkeep's fold and merge took effect.
+    pub upkept: (bool, bool),
     /// Whether long polls should look again (new messages, or messages given back).
     pub wake: bool,
 }
 
-/// Applies `batch` to `m` at `now`. `plan` is the produces' plan against `m` and
-/// `segment` the segment holding its new messages (`None` if its write was refused).
-pub fn apply(
-    m: &mut Manifest,
-    now: u64,
-    batch: &Batch,
-    plan: &Plan,
-    segment: Option<&SegmentRef>,
-) -> Decision<Applied> {
+/// Index upkeep prepared for one attempt: index objects already written.
+#[derive(Debug, Clone, Default)]
+pub struct Upkeep {
+    /// Hot segments to fold into a level-0 index.
+    pub fold: Option<Fold>,
+    /// Index refs to merge into the next level.
+    pub merge: Option<Merge>,
+}
+
+/// What the batch writes: the produces' plan against `m`, the segment holding its new
+/// messages (`None` if its write was refused), and the index upkeep.
+#[derive(Debug, Clone, Copy)]
+pub struct Written<'a> {
+    /// The produces' plan.
+    pub plan: &'a Plan,
+    /// The new messages' segment.
+    pub segment: Option<&'a SegmentRef>,
+    /// Index objects written for this attempt.
+    pub upkeep: &'a Upkeep,
+}
+
+/// Applies `batch` to `m` at `now`, with what was `written` for it.
+pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) -> Decision<Applied> {
+    let Written {
+        plan,
+        segment,
+        upkeep,
+    } = written;
     let mut out = Applied {
         dropped: m.apply_retention(now, batch.rules.retention_ms),
         ..Applied::default()
     };
-    let mut changed = !out.dropped.is_empty();
+    out.upkept = (
+        upkeep.fold.as_ref().is_some_and(|f| index::fold(m, f)),
+        upkeep.merge.as_ref().is_some_and(|g| index::merge(m, g)),
+    );
+    let mut changed = out.dropped != Dropped::default() || out.upkept != (false, false);
     let dedup = batch.rules.dedup_window_ms;
     out.produced = produce::append(m, now, dedup, &batch.produces, plan, segment);
     if segment.is_some() {
@@ -154,6 +181,10 @@ mod tests {
             .all(|&o| o >= m.frontier && o < m.next_offset));
         assert!(m.leases.keys().all(|o| !m.acked_ahead.contains(o)));
         let mut expect = m.start_offset;
+        for r in &m.indexes {
+            assert_eq!(r.base_offset, expect, "indexes contiguous: {m:?}");
+            expect = r.end_offset;
+        }
         for s in &m.segments {
             assert_eq!(s.base_offset, expect, "segments contiguous: {m:?}");
             expect += u64::from(s.count);
@@ -185,7 +216,25 @@ mod tests {
         let n = plan.new_messages(&batch.produces).len() as u32;
         let seg = (n > 0).then(|| segment(n, now));
         m.version += 1;
-        apply(m, now, batch, &plan, seg.as_ref())
+        // The committer's upkeep, with the ids it would write.
+        let mut after = m.clone();
+        after.apply_retention(now, batch.rules.retention_ms);
+        let upkeep = Upkeep {
+            fold: index::fold_candidate(&after).map(|run| Fold {
+                index: index::ref_for_segments(format!("f{now}"), &run),
+                run,
+            }),
+            merge: index::merge_candidate(&after).map(|run| Merge {
+                index: index::ref_for_indexes(format!("m{now}"), &run),
+                run,
+            }),
+        };
+        let written = Written {
+            plan: &plan,
+            segment: seg.as_ref(),
+            upkeep: &upkeep,
+        };
+        apply(m, now, batch, written)
     }
 
     fn applied(d: Decision<Applied>) -> Applied {
@@ -258,11 +307,51 @@ mod tests {
             rules: r,
         });
         let a = applied(run(&mut m, 2000, &batch));
-        assert_eq!(a.dropped.len(), 1);
+        assert_eq!(a.dropped.segments.len(), 1);
         assert_eq!((m.start_offset, m.frontier), (2, 2));
         assert_eq!(a.settled, vec![Err(Refused::LeaseGone)]);
         assert!(m.leases.contains_key(&2));
         check_invariants(&m);
+    }
+
+    #[test]
+    fn a_long_backlog_folds_into_indexes_and_every_offset_stays_locatable() {
+        let mut m = Manifest::empty("i");
+        let r = Rules {
+            retention_ms: 40_000,
+            ..rules()
+        };
+        for step in 0..3000u64 {
+            let mut batch = Batch::new(r);
+            batch.produces.push(produce(1));
+            run(&mut m, step * 10, &batch);
+            check_invariants(&m);
+            assert!(
+                m.segments.len() <= index::FOLD_ABOVE + 1,
+                "one commit past the fold"
+            );
+            assert!(m.indexes.len() <= index::MERGE_ABOVE + 2 * index::MERGE_FANOUT);
+        }
+        // Nothing was consumed: every offset is still unsettled and locatable.
+        assert_eq!((m.frontier, m.next_offset), (0, 3000));
+        assert!(m.indexes.iter().any(|r| r.level > 0), "merges happened");
+        for o in 0..3000 {
+            assert!(m.locate(o).is_some(), "offset {o}");
+        }
+        let mut batch = Batch::new(r);
+        batch.leases.push(LeaseOp { max: 3, rules: r });
+        let a = applied(run(&mut m, 30_000, &batch));
+        let got: Vec<u64> = a.leased[0].grants.iter().map(|g| g.offset).collect();
+        assert_eq!(got, vec![0, 1, 2], "indexed messages are leased in order");
+        // Retention drops whole indexes, oldest first, and moves the frontier.
+        let a = applied(run(&mut m, 60_000, &Batch::new(r)));
+        assert!(!a.dropped.indexes.is_empty());
+        check_invariants(&m);
+        assert!(m.start_offset > 0 && m.frontier == m.start_offset);
+        assert!(
+            m.leases.is_empty(),
+            "the leases below the new start went with it"
+        );
     }
 
     #[test]

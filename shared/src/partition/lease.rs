@@ -10,7 +10,7 @@
 //! delivered again: it is *parked* under a system lease for [`DEAD_LETTER_PARK_MS`] and
 //! returned in [`Leased::dead`] for the broker to move to the dead-letter topic.
 
-use super::{Lease, Manifest, Rules, SegmentRef};
+use super::{Lease, Manifest, Rules};
 
 /// How long a message parked for dead-lettering stays invisible; if the move does not
 /// finish in time it is parked and moved again (the move is idempotent).
@@ -25,8 +25,6 @@ pub struct Grant {
     pub lease_id: u64,
     /// Deliveries so far, this one included.
     pub delivery_count: u32,
-    /// The segment that holds the message.
-    pub segment: SegmentRef,
 }
 
 /// What one lease request got.
@@ -80,9 +78,6 @@ pub fn lease(m: &mut Manifest, now: u64, rules: &Rules, max: usize, cur: &mut Cu
         let Some(offset) = cur.pick(m, now, rules) else {
             break;
         };
-        let Some(segment) = m.segment_for(offset).cloned() else {
-            break;
-        };
         let version = m.version;
         let lease = m.leases.entry(offset).or_insert(Lease {
             lease_id: 0,
@@ -99,7 +94,6 @@ pub fn lease(m: &mut Manifest, now: u64, rules: &Rules, max: usize, cur: &mut Cu
                 offset,
                 lease_id: version,
                 delivery_count: lease.delivery_count,
-                segment,
             });
             continue;
         }
@@ -109,7 +103,6 @@ pub fn lease(m: &mut Manifest, now: u64, rules: &Rules, max: usize, cur: &mut Cu
             offset,
             lease_id: version,
             delivery_count: lease.delivery_count,
-            segment,
         });
     }
     out

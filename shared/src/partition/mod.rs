@@ -28,6 +28,7 @@
 
 pub mod batch;
 pub mod compact;
+pub mod index;
 pub mod lease;
 pub mod produce;
 pub mod settle;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::cas::{Invalid, Stored};
 use crate::settings::TopicSettings;
 
+pub use index::IndexRef;
 pub use lease::{Grant, Leased};
 pub use settle::{Refused, Settle};
 
@@ -71,6 +73,14 @@ impl From<&TopicSettings> for Rules {
             dedup_window_ms: s.dedup_window_ms,
         }
     }
+}
+
+/// The manifest format this code writes. Format 1 (no `format` field, no `indexes`) is
+/// read as well and rewritten as format 2 by the next commit.
+pub const MANIFEST_FORMAT: u32 = 2;
+
+fn format_1() -> u32 {
+    1
 }
 
 /// How many recent write ids a manifest remembers for lost-response recovery.
@@ -117,6 +127,9 @@ pub const MAX_DEDUP_KEYS: usize = 5000;
 /// A partition's whole mutable state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// [`MANIFEST_FORMAT`] (1 when absent: written before formats were numbered).
+    #[serde(default = "format_1")]
+    pub format: u32,
     /// Strictly increasing with every write.
     pub version: u64,
     /// The topic incarnation this state belongs to.
@@ -129,7 +142,11 @@ pub struct Manifest {
     pub start_offset: u64,
     /// The lowest unsettled offset.
     pub frontier: u64,
-    /// Retained segments in offset order.
+    /// Index objects describing the older retained segments, oldest first, contiguous,
+    /// covering `[start_offset, segments[0].base_offset)`.
+    #[serde(default)]
+    pub indexes: Vec<IndexRef>,
+    /// The newest retained segments ("hot") in offset order, up to `next_offset`.
     pub segments: Vec<SegmentRef>,
     /// Delivered, unsettled messages by offset (live or lapsed leases).
     pub leases: BTreeMap<u64, Lease>,
@@ -144,12 +161,14 @@ impl Manifest {
     /// The state of a partition nothing has been written to.
     pub fn empty(incarnation: &str) -> Self {
         Self {
+            format: MANIFEST_FORMAT,
             version: 0,
             incarnation: incarnation.to_owned(),
             recent_writes: VecDeque::new(),
             next_offset: 0,
             start_offset: 0,
             frontier: 0,
+            indexes: Vec::new(),
             segments: Vec::new(),
             leases: BTreeMap::new(),
             acked_ahead: BTreeSet::new(),
@@ -203,11 +222,40 @@ impl Manifest {
                 .is_none_or(|l| l.deadline_ms <= now_ms)
     }
 
-    /// The segment holding `offset`, if retained.
+    /// Where the retained offset `offset` is described: a hot segment, or an index.
+    pub fn locate(&self, offset: u64) -> Option<Located<'_>> {
+        locate(
+            (self.start_offset, self.next_offset),
+            &self.indexes,
+            &self.segments,
+            offset,
+        )
+    }
+
+    /// The hot segment holding `offset`, if any.
     pub fn segment_for(&self, offset: u64) -> Option<&SegmentRef> {
-        let i = self.segments.partition_point(|s| s.base_offset <= offset);
-        let seg = self.segments.get(i.checked_sub(1)?)?;
-        (offset < seg.base_offset + u64::from(seg.count)).then_some(seg)
+        hot_segment(&self.segments, offset)
+    }
+
+    /// Where this state's retained offsets are.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            start_offset: self.start_offset,
+            next_offset: self.next_offset,
+            indexes: self.indexes.clone(),
+            segments: self.segments.clone(),
+        }
+    }
+
+    /// Retained segment objects, hot and indexed.
+    pub fn retained_segments(&self) -> u64 {
+        self.segments.len() as u64 + self.indexes.iter().map(|r| r.segments).sum::<u64>()
+    }
+
+    /// Retained payload bytes, hot and indexed.
+    pub fn retained_bytes(&self) -> u64 {
+        let hot: u64 = self.segments.iter().map(|s| s.bytes).sum();
+        hot + self.indexes.iter().map(|r| r.bytes).sum::<u64>()
     }
 
     /// Advances the frontier past every contiguous acked offset.
@@ -217,24 +265,36 @@ impl Manifest {
         }
     }
 
-    /// Drops segments whose newest message is older than `retention_ms` at `now_ms`,
-    /// with every lease and ack below the new start. Returns the dropped segments, whose
-    /// objects the caller deletes after the write commits.
-    pub fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Vec<SegmentRef> {
+    /// Drops the oldest indexes and segments whose newest message is older than
+    /// `retention_ms` at `now_ms` (a prefix: everything before the first one still
+    /// retained), with every lease and ack below the new start. Returns what was dropped;
+    /// the caller deletes the objects after the write commits.
+    pub fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Dropped {
         let cutoff = now_ms.saturating_sub(retention_ms);
-        let keep_from = self
-            .segments
+        let kept_index = self
+            .indexes
             .iter()
-            .position(|s| s.last_produced_ms >= cutoff);
-        let n = keep_from.unwrap_or(self.segments.len());
-        if n == 0 {
-            return Vec::new();
+            .position(|r| r.last_produced_ms >= cutoff);
+        let n = kept_index.unwrap_or(self.indexes.len());
+        let indexes: Vec<IndexRef> = self.indexes.drain(..n).collect();
+        let segments: Vec<SegmentRef> = if kept_index.is_some() {
+            Vec::new()
+        } else {
+            let kept = self
+                .segments
+                .iter()
+                .position(|s| s.last_produced_ms >= cutoff);
+            let n = kept.unwrap_or(self.segments.len());
+            self.segments.drain(..n).collect()
+        };
+        if indexes.is_empty() && segments.is_empty() {
+            return Dropped::default();
         }
-        let dropped: Vec<SegmentRef> = self.segments.drain(..n).collect();
-        self.start_offset = self
-            .segments
-            .first()
-            .map_or(self.next_offset, |s| s.base_offset);
+        self.start_offset = match (self.indexes.first(), self.segments.first()) {
+            (Some(r), _) => r.base_offset,
+            (None, Some(s)) => s.base_offset,
+            (None, None) => self.next_offset,
+        };
         let start = self.start_offset;
         self.leases.retain(|o, _| *o >= start);
         self.acked_ahead.retain(|o| *o >= start);
@@ -243,8 +303,86 @@ impl Manifest {
         }
         // An ack at the new start is now contiguous with the frontier.
         self.advance_frontier();
-        dropped
+        Dropped { segments, indexes }
     }
+}
+
+/// Where a partition's retained offsets were as of one manifest version: enough to find
+/// the segment of any of them, through index objects for the older ones. Segments and
+/// index objects are immutable, so a layout stays right for every offset it covers until
+/// retention removes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Oldest retained offset.
+    pub start_offset: u64,
+    /// One past the newest offset.
+    pub next_offset: u64,
+    /// The manifest's index refs.
+    pub indexes: Vec<IndexRef>,
+    /// The manifest's hot segments.
+    pub segments: Vec<SegmentRef>,
+}
+
+impl Layout {
+    /// As [`Manifest::locate`].
+    pub fn locate(&self, offset: u64) -> Option<Located<'_>> {
+        locate(
+            (self.start_offset, self.next_offset),
+            &self.indexes,
+            &self.segments,
+            offset,
+        )
+    }
+
+    /// Up to `n` hot segments after the one holding `offset` (for read-ahead).
+    pub fn hot_after(&self, offset: u64, n: usize) -> &[SegmentRef] {
+        let i = self.segments.partition_point(|s| s.base_offset <= offset);
+        let end = (i + n).min(self.segments.len());
+        &self.segments[i.min(end)..end]
+    }
+}
+
+fn hot_segment(segments: &[SegmentRef], offset: u64) -> Option<&SegmentRef> {
+    let i = segments.partition_point(|s| s.base_offset <= offset);
+    let seg = segments.get(i.checked_sub(1)?)?;
+    (offset < seg.base_offset + u64::from(seg.count)).then_some(seg)
+}
+
+fn locate<'a>(
+    (start, next): (u64, u64),
+    indexes: &'a [IndexRef],
+    segments: &'a [SegmentRef],
+    offset: u64,
+) -> Option<Located<'a>> {
+    if offset < start || offset >= next {
+        return None;
+    }
+    if let Some(seg) = hot_segment(segments, offset) {
+        return Some(Located::Hot(seg));
+    }
+    let i = indexes
+        .partition_point(|r| r.base_offset <= offset)
+        .checked_sub(1)?;
+    let r = &indexes[i];
+    r.covers(offset).then_some(Located::Indexed(r))
+}
+
+/// Where a retained offset is described ([`Manifest::locate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Located<'a> {
+    /// In this hot segment.
+    Hot(&'a SegmentRef),
+    /// Under this index object.
+    Indexed(&'a IndexRef),
+}
+
+/// What retention removed from a manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Hot segments.
+    pub segments: Vec<SegmentRef>,
+    /// Index objects, with everything under them.
+    pub indexes: Vec<IndexRef>,
 }
 
 impl Stored for Manifest {
@@ -256,8 +394,16 @@ impl Stored for Manifest {
     }
 
     fn decode(data: &[u8], incarnation: &String) -> Result<Self, Invalid> {
-        let stored: Manifest =
+        let mut stored: Manifest =
             serde_json::from_slice(data).map_err(|e| Invalid::Corrupt(e.to_string()))?;
+        if stored.format > MANIFEST_FORMAT {
+            return Err(Invalid::Corrupt(format!(
+                "manifest format {} is newer than this version of Narad reads ({MANIFEST_FORMAT})",
+                stored.format
+            )));
+        }
+        // Format 1 is format 2 without indexes; the next write stores it as format 2.
+        stored.format = MANIFEST_FORMAT;
         match stored.incarnation.as_str().cmp(incarnation.as_str()) {
             std::cmp::Ordering::Equal => Ok(stored),
             std::cmp::Ordering::Greater => Err(Invalid::Superseded),
@@ -383,11 +529,11 @@ mod tests {
         );
         m.acked_ahead.insert(3);
         let dropped = m.apply_retention(1150, 1000);
-        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped.segments.len(), 1);
         assert_eq!((m.start_offset, m.frontier), (2, 2));
         assert!(m.leases.is_empty());
         let dropped = m.apply_retention(1250, 1000);
-        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped.segments.len(), 1);
         assert_eq!((m.start_offset, m.frontier), (4, 4));
         assert!(m.acked_ahead.is_empty());
         m.apply_retention(5000, 1000);

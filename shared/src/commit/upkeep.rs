@@ -1,0 +1,149 @@
+//! Index upkeep on the commit path (docs/design.md §3): before an attempt, write the index
+//! object a fold or merge of that attempt's state needs, so the manifest write can name it;
+//! after a commit, delete what retention dropped.
+//!
+//! An index object is written at most once per planned run: a later attempt whose state
+//! plans the same run reuses it, and one that plans another run writes another object
+//! (the first becomes an orphan for garbage collection). A failed write only skips the
+//! upkeep this time; it never fails the batch.
+
+use std::sync::Arc;
+
+use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::keys;
+use crate::partition::batch::Upkeep;
+use crate::partition::index::{self, Entries, Fold, Index, IndexRef, Merge, INDEX_FORMAT};
+use crate::partition::{Dropped, Manifest, SegmentRef};
+use crate::store::DynStore;
+
+/// The upkeep of one batch across its attempts.
+#[derive(Default)]
+pub(super) struct Upkeeper {
+    /// What the current attempt applies.
+    pub(super) upkeep: Upkeep,
+    /// The runs the objects in `upkeep` were written for (or attempted).
+    fold_run: Option<Vec<SegmentRef>>,
+    merge_run: Option<Vec<IndexRef>>,
+}
+
+impl Upkeeper {
+    /// Plans the upkeep of `after` (the state the attempt sees once retention ran) and
+    /// writes the index objects it needs.
+    pub(super) async fn prepare(&mut self, c: &Committer, q: &Queue, after: &Manifest) {
+        // Like a segment, an index object is never named after garbage collection could
+        // have taken it for an orphan: one written too long ago is written again.
+        let now = c.clock.now_ms();
+        let too_old = |r: &IndexRef| {
+            let written = keys::segment_time(&r.id).unwrap_or(0);
+            now.saturating_sub(written) > MAX_SEGMENT_AGE_AT_COMMIT_MS
+        };
+        if self.upkeep.fold.as_ref().is_some_and(|f| too_old(&f.index)) {
+            (self.upkeep.fold, self.fold_run) = (None, None);
+        }
+        if self
+            .upkeep
+            .merge
+            .as_ref()
+            .is_some_and(|g| too_old(&g.index))
+        {
+            (self.upkeep.merge, self.merge_run) = (None, None);
+        }
+        let fold_run = index::fold_candidate(after);
+        if fold_run != self.fold_run {
+            self.upkeep.fold = None;
+            if let Some(run) = &fold_run {
+                let entries = Entries::Segments(run.clone());
+                if let Some(id) = c.write_index(q, entries).await {
+                    let index = index::ref_for_segments(id, run);
+                    let run = run.clone();
+                    self.upkeep.fold = Some(Fold { run, index });
+                }
+            }
+            self.fold_run = fold_run;
+        }
+        let merge_run = index::merge_candidate(after);
+        if merge_run != self.merge_run {
+            self.upkeep.merge = None;
+            if let Some(run) = &merge_run {
+                let entries = Entries::Indexes(run.clone());
+                if let Some(id) = c.write_index(q, entries).await {
+                    let index = index::ref_for_indexes(id, run);
+                    let run = run.clone();
+                    self.upkeep.merge = Some(Merge { run, index });
+                }
+            }
+            self.merge_run = merge_run;
+        }
+    }
+}
+
+impl Committer {
+    /// Writes one index object; its id, or `None` (logged) if the write failed.
+    async fn write_index(&self, q: &Queue, entries: Entries) -> Option<String> {
+        let index = Index {
+            format: INDEX_FORMAT,
+            entries,
+        };
+        let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
+        let key = keys::index(&q.topic, q.partition, &id);
+        let body = match index.encode() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(%key, error = %e, "cannot encode an index object (a bug)");
+                return None;
+            }
+        };
+        if let Err(e) = self.store.put_if_absent(&key, body).await {
+            tracing::debug!(%key, error = %e, "index write failed; upkeep skipped this time");
+            return None;
+        }
+        self.indexes.put(key, Arc::new(index));
+        Some(id)
+    }
+
+    /// Deletes the objects of what retention dropped (after the commit landed): hot
+    /// segments at once; dropped index objects, with everything under them, in the
+    /// background. Whatever is not deleted (a crash, an error) garbage collection takes.
+    pub(super) async fn delete_expired(&self, q: &Queue, dropped: Dropped) {
+        for seg in &dropped.segments {
+            delete(&self.store, keys::segment(&q.topic, q.partition, &seg.id)).await;
+        }
+        if dropped.indexes.is_empty() {
+            return;
+        }
+        let (store, topic, p) = (self.store.clone(), q.topic.clone(), q.partition);
+        tokio::spawn(async move {
+            let mut stack = dropped.indexes;
+            while let Some(r) = stack.pop() {
+                let key = keys::index(&topic, p, &r.id);
+                match store
+                    .get(&key)
+                    .await
+                    .map(|o| o.map(|o| Index::decode(&o.data)))
+                {
+                    Ok(Some(Ok(index))) => match index.entries {
+                        Entries::Segments(segs) => {
+                            for s in segs {
+                                delete(&store, keys::segment(&topic, p, &s.id)).await;
+                            }
+                        }
+                        Entries::Indexes(children) => stack.extend(children),
+                    },
+                    Ok(None) => {}
+                    Ok(Some(Err(e))) => tracing::warn!(%key, error = %e, "corrupt index object"),
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "could not read an expired index");
+                        continue;
+                    }
+                }
+                delete(&store, key).await;
+            }
+        });
+    }
+}
+
+async fn delete(store: &DynStore, key: String) {
+    if let Err(e) = store.delete(&key).await {
+        tracing::warn!(%key, error = %e, "could not delete an expired object");
+    }
+}
