@@ -8,6 +8,7 @@
 //! | `topics/{topic}/{partition}/manifest.json` | the partition's mutable state, replaced by CAS |
 //! | `topics/{topic}/{partition}/segments/{id}` | an immutable batch of messages |
 //! | `topics/{topic}/{partition}/indexes/{id}` | an immutable list of older segments (or of lower indexes) |
+//! | `topics/{topic}/{partition}/dedup/{id}` | an immutable chunk of remembered idempotency keys |
 //! | `system/receipt-key.json` | the generated receipt-signing key, when none is configured |
 //!
 //! Topic names are validated by [`validate_topic`] before any key is built from them.
@@ -67,6 +68,12 @@ pub fn index(topic: &str, partition: u32, id: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/{partition}/indexes/{id}")
 }
 
+/// `topics/{topic}/{partition}/dedup/{id}`: an immutable chunk of remembered idempotency
+/// keys (ids as [`segment_id`]).
+pub fn dedup_chunk(topic: &str, partition: u32, id: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/{partition}/dedup/{id}")
+}
+
 /// A segment id: the write time (ms, 13 digits, so ids sort by age) and a unique part.
 /// Garbage collection reads the age back with [`segment_time`].
 pub fn segment_id(now_ms: u64, unique: &str) -> String {
@@ -95,6 +102,7 @@ mod tests {
         assert_eq!(manifest("orders", 3), "topics/orders/3/manifest.json");
         assert_eq!(segment("orders", 0, "abc"), "topics/orders/0/segments/abc");
         assert_eq!(index("orders", 0, "abc"), "topics/orders/0/indexes/abc");
+        assert_eq!(dedup_chunk("orders", 0, "abc"), "topics/orders/0/dedup/abc");
         assert_eq!(topic_prefix("orders"), "topics/orders/");
         assert_eq!(segment_id(1_795_953_600_000, "abc"), "1795953600000-abc");
         assert_eq!(segment_time("1795953600000-abc"), Some(1_795_953_600_000));

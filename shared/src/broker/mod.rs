@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::Cache;
 use crate::clock::{Clock, IdSource};
-use crate::commit::Committer;
+use crate::commit::{Caches, Committer};
 use crate::config::{BrokerOptions, Config};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::compact::Swap;
@@ -91,13 +91,13 @@ impl Broker {
             None => Receipts::new(vec![receipt::shared_key(&*store, &*ids).await?])
                 .ok_or_else(|| BrokerError::Internal("no receipt key".into()))?,
         };
-        let segments = Arc::new(SegmentCache::new(opts.segment_cache_bytes));
-        let indexes = Arc::new(Cache::new(opts.segment_cache_bytes / 4));
+        let caches = Caches::new(opts.segment_cache_bytes);
+        let (segments, indexes) = (caches.segments.clone(), caches.indexes.clone());
         let committer = Arc::new(Committer::new(
             store.clone(),
             ids.clone(),
             clock.clone(),
-            (segments.clone(), indexes.clone()),
+            caches,
             opts.commit_linger,
         ));
         Ok(Self {

@@ -15,6 +15,7 @@
 //! retries them against the current topic. A segment older than
 //! [`super::MAX_SEGMENT_AGE_AT_COMMIT_MS`] is never committed.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -135,6 +136,8 @@ struct BatchCommit<'a> {
     refused: Option<BrokerError>,
     /// Index objects written for this batch's upkeep.
     upkeeper: Upkeeper,
+    /// Offsets of the batch's idempotency keys found in chunk objects.
+    spilled: HashMap<String, u64>,
     /// Whether the last `apply` decided to write.
     wrote: bool,
 }
@@ -144,7 +147,23 @@ impl Change<Manifest> for BatchCommit<'_> {
     type Error = Infallible;
 
     async fn prepare(&mut self, state: &Manifest) {
-        let plan = Plan::new(&self.batch.produces, state, self.now);
+        let produces = &self.batch.produces;
+        let spilled = match self
+            .committer
+            .spilled_keys(self.q, state, self.now, produces)
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                // Without the spilled keys no produce can be planned safely: none is made.
+                (self.segment, self.refused, self.written_for) = (None, Some(e), None);
+                self.spilled = HashMap::new();
+                self.plan = Some(Plan::refused(produces));
+                return;
+            }
+        };
+        let plan = Plan::new(produces, state, self.now, &|k| spilled.get(k).copied());
+        self.spilled = spilled;
         if self.written_for.as_ref() != Some(&plan) {
             (self.segment, self.refused) = (None, None);
             if plan.needs_segment() {
@@ -177,9 +196,12 @@ impl Change<Manifest> for BatchCommit<'_> {
 
     fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
         // `prepare` planned against this state already; planning here only if it did not.
-        let plan = self
-            .plan
-            .get_or_insert_with(|| Plan::new(&self.batch.produces, m, self.now));
+        let plan = self.plan.get_or_insert_with(|| {
+            let spilled = &self.spilled;
+            Plan::new(&self.batch.produces, m, self.now, &|k| {
+                spilled.get(k).copied()
+            })
+        });
         let written = Written {
             plan,
             segment: self.segment.as_ref(),
@@ -212,6 +234,7 @@ impl Committer {
             segment: None,
             refused: None,
             upkeeper: Upkeeper::default(),
+            spilled: HashMap::new(),
             wrote: false,
         };
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
@@ -223,9 +246,10 @@ impl Committer {
                     self.stats.committed_ops.fetch_add(n, Ordering::Relaxed);
                 }
                 let (dropped, wake) = (std::mem::take(&mut applied.dropped), applied.wake);
+                let chunks = std::mem::take(&mut applied.dropped_chunks);
                 let layout = Arc::new(snap.value.layout());
                 replies.answer(applied, change.refused.as_ref(), layout);
-                self.delete_expired(q, dropped).await;
+                self.delete_expired(q, dropped, chunks).await;
                 if wake {
                     self.wakers.wake(&q.topic);
                 }
@@ -270,7 +294,7 @@ impl Committer {
         let key = keys::segment(&q.topic, q.partition, &id);
         self.store.put_if_absent(&key, seg.encode()?).await?;
         // Consumers in this process read it from memory.
-        self.segments.put(key, Arc::new(seg));
+        self.caches.segments.put(key, Arc::new(seg));
         Ok(SegmentRef {
             id,
             base_offset: 0,

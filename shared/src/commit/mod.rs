@@ -37,6 +37,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::SettleOp;
 use crate::partition::compact::Swap;
+use crate::partition::dedup::Chunk;
 use crate::partition::index::Index;
 use crate::partition::produce::NewStored;
 use crate::partition::{Layout, Leased, Manifest, Rules, Settle};
@@ -61,6 +62,30 @@ pub struct LeaseAnswer {
     pub leased: Leased,
     /// The partition's layout as committed.
     pub layout: Arc<Layout>,
+}
+
+/// The process's caches of immutable decoded objects, shared by the committer (which
+/// caches what it writes) and the broker's readers.
+#[derive(Clone)]
+pub struct Caches {
+    /// Segments.
+    pub segments: Arc<SegmentCache>,
+    /// Index objects.
+    pub indexes: Arc<Cache<Index>>,
+    /// Idempotency-key chunks.
+    pub chunks: Arc<Cache<Chunk>>,
+}
+
+impl Caches {
+    /// Caches of about `bytes` of segments; index objects and key chunks get a quarter
+    /// of that more each.
+    pub fn new(bytes: usize) -> Self {
+        Self {
+            segments: Arc::new(Cache::new(bytes)),
+            indexes: Arc::new(Cache::new(bytes / 4)),
+            chunks: Arc::new(Cache::new(bytes / 4)),
+        }
+    }
 }
 
 /// One queued operation with the channel its caller waits on.
@@ -117,8 +142,7 @@ pub struct CommitStats {
 
 /// The per-process group committer. Shared behind an `Arc`.
 pub struct Committer {
-    segments: Arc<SegmentCache>,
-    indexes: Arc<Cache<Index>>,
+    caches: Caches,
     linger: Duration,
     store: DynStore,
     ids: Arc<dyn IdSource>,
@@ -144,20 +168,18 @@ async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
 }
 
 impl Committer {
-    /// A committer writing through `store`, caching the segments and index objects it
-    /// writes in `caches`. Each busy batch waits `linger` so that more operations can join
+    /// A committer writing through `store`, caching the immutable objects it writes and
+    /// reads in `caches`. Each busy batch waits `linger` so that more operations can join
     /// it.
     pub fn new(
         store: DynStore,
         ids: Arc<dyn IdSource>,
         clock: Arc<dyn Clock>,
-        caches: (Arc<SegmentCache>, Arc<Cache<Index>>),
+        caches: Caches,
         linger: Duration,
     ) -> Self {
-        let (segments, indexes) = caches;
         Self {
-            segments,
-            indexes,
+            caches,
             linger,
             store,
             ids,

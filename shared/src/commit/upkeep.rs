@@ -1,19 +1,24 @@
-//! Index upkeep on the commit path (docs/design.md §3): before an attempt, write the index
-//! object a fold or merge of that attempt's state needs, so the manifest write can name it;
-//! after a commit, delete what retention dropped.
+//! Upkeep on the commit path (docs/design.md §3, §6): before an attempt, write the index
+//! object a fold or merge of that attempt's state needs, or the chunk a spill of its
+//! idempotency keys needs, so the manifest write can name it, and read the spilled keys the
+//! batch's produces must be checked against; after a commit, delete what was dropped.
 //!
 //! An index object is written at most once per planned run: a later attempt whose state
 //! plans the same run reuses it, and one that plans another run writes another object
 //! (the first becomes an orphan for garbage collection). A failed write only skips the
 //! upkeep this time; it never fails the batch.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::Upkeep;
+use crate::partition::dedup::{self, Chunk, Spill, CHUNK_FORMAT};
 use crate::partition::index::{self, Entries, Fold, Index, IndexRef, Merge, INDEX_FORMAT};
-use crate::partition::{Dropped, Manifest, SegmentRef};
+use crate::partition::produce::NewStored;
+use crate::partition::{ChunkRef, Dedup, Dropped, Manifest, SegmentRef};
 use crate::store::DynStore;
 
 /// The upkeep of one batch across its attempts.
@@ -24,6 +29,7 @@ pub(super) struct Upkeeper {
     /// The runs the objects in `upkeep` were written for (or attempted).
     fold_run: Option<Vec<SegmentRef>>,
     merge_run: Option<Vec<IndexRef>>,
+    spill_keys: Option<BTreeMap<String, Dedup>>,
 }
 
 impl Upkeeper {
@@ -33,10 +39,7 @@ impl Upkeeper {
         // Like a segment, an index object is never named after garbage collection could
         // have taken it for an orphan: one written too long ago is written again.
         let now = c.clock.now_ms();
-        let too_old = |r: &IndexRef| {
-            let written = keys::segment_time(&r.id).unwrap_or(0);
-            now.saturating_sub(written) > MAX_SEGMENT_AGE_AT_COMMIT_MS
-        };
+        let too_old = |r: &IndexRef| too_old_id(&r.id, now);
         if self.upkeep.fold.as_ref().is_some_and(|f| too_old(&f.index)) {
             (self.upkeep.fold, self.fold_run) = (None, None);
         }
@@ -74,7 +77,29 @@ impl Upkeeper {
             }
             self.merge_run = merge_run;
         }
+        if self
+            .upkeep
+            .spill
+            .as_ref()
+            .is_some_and(|s| too_old_id(&s.chunk.id, now))
+        {
+            (self.upkeep.spill, self.spill_keys) = (None, None);
+        }
+        let spill_keys = dedup::spill_candidate(after, now);
+        if spill_keys != self.spill_keys {
+            self.upkeep.spill = None;
+            if let Some(keys) = &spill_keys {
+                self.upkeep.spill = c.write_chunk(q, keys).await;
+            }
+            self.spill_keys = spill_keys;
+        }
     }
+}
+
+/// True if an object with this id was written too long ago to be named now.
+fn too_old_id(id: &str, now: u64) -> bool {
+    let written = keys::segment_time(id).unwrap_or(0);
+    now.saturating_sub(written) > MAX_SEGMENT_AGE_AT_COMMIT_MS
 }
 
 impl Committer {
@@ -97,16 +122,98 @@ impl Committer {
             tracing::debug!(%key, error = %e, "index write failed; upkeep skipped this time");
             return None;
         }
-        self.indexes.put(key, Arc::new(index));
+        self.caches.indexes.put(key, Arc::new(index));
         Some(id)
+    }
+
+    /// Writes the chunk object of a spill of `keys`; the spill, or `None` (logged) if the
+    /// write failed.
+    async fn write_chunk(&self, q: &Queue, keys: &BTreeMap<String, Dedup>) -> Option<Spill> {
+        let chunk = Chunk {
+            format: CHUNK_FORMAT,
+            keys: keys.clone(),
+        };
+        let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
+        let key = keys::dedup_chunk(&q.topic, q.partition, &id);
+        let written = match chunk.encode() {
+            Ok(body) => self
+                .store
+                .put_if_absent(&key, body)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::debug!(%key, error = %e, "key chunk write failed; spill skipped this time");
+            return None;
+        }
+        self.caches.chunks.put(key, Arc::new(chunk));
+        let chunk = ChunkRef {
+            id,
+            keys: keys.len() as u32,
+            newest_expiry_ms: keys.values().map(|d| d.expires_ms).max().unwrap_or(0),
+        };
+        let keys = keys.clone();
+        Some(Spill { keys, chunk })
+    }
+
+    /// The offsets of the batch's idempotency keys that `state` remembers only in chunk
+    /// objects (read through the cache), by key.
+    ///
+    /// Errors: a chunk that cannot be read: the keys' produces cannot be planned safely.
+    pub(super) async fn spilled_keys(
+        &self,
+        q: &Queue,
+        state: &Manifest,
+        now: u64,
+        produces: &[Vec<NewStored>],
+    ) -> BrokerResult<HashMap<String, u64>> {
+        let mut wanted: HashMap<String, &str> = produces
+            .iter()
+            .flatten()
+            .filter_map(|m| m.idempotency_key.as_deref())
+            .filter(|k| state.dedup_lookup(k, now).is_none())
+            .map(|k| (dedup::key_hash(k), k))
+            .collect();
+        let mut found = HashMap::new();
+        for c in state.live_chunks(now) {
+            if wanted.is_empty() {
+                break;
+            }
+            let key = keys::dedup_chunk(&q.topic, q.partition, &c.id);
+            let chunk = match self.caches.chunks.get(&key) {
+                Some(chunk) => chunk,
+                None => {
+                    let Some(obj) = self.store.get(&key).await? else {
+                        return Err(BrokerError::Corrupt(format!("{key} is missing")));
+                    };
+                    let chunk = Chunk::decode(&obj.data)
+                        .map_err(|e| BrokerError::Corrupt(format!("{key}: {e}")))?;
+                    let chunk = Arc::new(chunk);
+                    self.caches.chunks.put(key, chunk.clone());
+                    chunk
+                }
+            };
+            wanted.retain(|hash, k| match chunk.lookup(hash, now) {
+                Some(offset) => {
+                    found.insert((*k).to_owned(), offset);
+                    false
+                }
+                None => true,
+            });
+        }
+        Ok(found)
     }
 
     /// Deletes the objects of what retention dropped (after the commit landed): hot
     /// segments at once; dropped index objects, with everything under them, in the
     /// background. Whatever is not deleted (a crash, an error) garbage collection takes.
-    pub(super) async fn delete_expired(&self, q: &Queue, dropped: Dropped) {
+    pub(super) async fn delete_expired(&self, q: &Queue, dropped: Dropped, chunks: Vec<ChunkRef>) {
         for seg in &dropped.segments {
             delete(&self.store, keys::segment(&q.topic, q.partition, &seg.id)).await;
+        }
+        for c in &chunks {
+            delete(&self.store, keys::dedup_chunk(&q.topic, q.partition, &c.id)).await;
         }
         if dropped.indexes.is_empty() {
             return;

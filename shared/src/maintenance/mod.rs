@@ -173,7 +173,7 @@ async fn partition(
     Ok(())
 }
 
-/// The ids of every segment and index object `m` names, directly or through its index
+/// The ids of every segment, index object and key chunk `m` names, directly or through its index
 /// objects; `None` if one of those index objects is missing (then nothing may be taken
 /// for an orphan).
 async fn named(
@@ -183,6 +183,7 @@ async fn named(
     m: &Manifest,
 ) -> BrokerResult<Option<HashSet<String>>> {
     let mut named: HashSet<String> = m.segments.iter().map(|s| s.id.clone()).collect();
+    named.extend(m.dedup_chunks.iter().map(|c| c.id.clone()));
     let mut stack = m.indexes.clone();
     while let Some(r) = stack.pop() {
         named.insert(r.id.clone());

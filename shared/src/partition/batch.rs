@@ -11,11 +11,12 @@
 //! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
 
 use super::compact::{self, Swap};
+use super::dedup::{self, Spill};
 use super::index::{self, Fold, Merge};
 use super::lease::{self, Cursor, Leased};
 use super::produce::{self, NewStored, Plan};
 use super::settle::{self, Refused, Settle};
-use super::{Dropped, Manifest, Rules, SegmentRef};
+use super::{ChunkRef, Dropped, Manifest, Rules, SegmentRef};
 use crate::cas::Decision;
 
 /// An ack, extend or nack of one lease.
@@ -83,6 +84,8 @@ pub struct Applied {
     pub dropped: Dropped,
     /// Whether the upkeep's fold and merge took effect.
     pub upkept: (bool, bool),
+    /// Idempotency-key chunks no longer named (expired, or past the key limit).
+    pub dropped_chunks: Vec<ChunkRef>,
     /// Whether long polls should look again (new messages, or messages given back).
     pub wake: bool,
 }
@@ -94,6 +97,8 @@ pub struct Upkeep {
     pub fold: Option<Fold>,
     /// Index refs to merge into the next level.
     pub merge: Option<Merge>,
+    /// Idempotency keys to spill into a chunk.
+    pub spill: Option<Spill>,
 }
 
 /// What the batch writes: the produces' plan against `m`, the segment holding its new
@@ -123,7 +128,13 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         upkeep.fold.as_ref().is_some_and(|f| index::fold(m, f)),
         upkeep.merge.as_ref().is_some_and(|g| index::merge(m, g)),
     );
-    let mut changed = out.dropped != Dropped::default() || out.upkept != (false, false);
+    let chunks_before = m.dedup_chunks.clone();
+    m.expire_chunks(now);
+    let spilled = upkeep.spill.as_ref().is_some_and(|s| dedup::spill(m, s));
+    let mut changed = out.dropped != Dropped::default()
+        || out.upkept != (false, false)
+        || spilled
+        || m.dedup_chunks != chunks_before;
     let dedup = batch.rules.dedup_window_ms;
     out.produced = produce::append(m, now, dedup, &batch.produces, plan, segment);
     if segment.is_some() {
@@ -149,6 +160,11 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         changed |= replaced > 0;
         out.compacted.push(replaced);
     }
+    out.dropped_chunks = chunks_before
+        .into_iter()
+        .filter(|c| !m.dedup_chunks.contains(c))
+        .collect();
+    changed |= !out.dropped_chunks.is_empty();
     if changed {
         Decision::Commit(out)
     } else {
@@ -212,7 +228,7 @@ mod tests {
     }
 
     fn run(m: &mut Manifest, now: u64, batch: &Batch) -> Decision<Applied> {
-        let plan = Plan::new(&batch.produces, m, now);
+        let plan = Plan::new(&batch.produces, m, now, &|_| None);
         let n = plan.new_messages(&batch.produces).len() as u32;
         let seg = (n > 0).then(|| segment(n, now));
         m.version += 1;
@@ -228,6 +244,7 @@ mod tests {
                 index: index::ref_for_indexes(format!("m{now}"), &run),
                 run,
             }),
+            spill: None,
         };
         let written = Written {
             plan: &plan,

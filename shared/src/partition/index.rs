@@ -22,7 +22,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::{Manifest, SegmentRef};
+use super::{codec, Manifest, SegmentRef};
 use crate::cache::Weigh;
 
 /// Hot segments above which the oldest are folded into an index.
@@ -85,30 +85,18 @@ pub struct Index {
 }
 
 impl Index {
-    /// The bytes to store: magic, postcard body, CRC-32 of the body.
+    /// The bytes to store ([`codec::seal`]).
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
     pub fn encode(&self) -> Result<Bytes, String> {
-        let body = postcard::to_allocvec(self).map_err(|e| e.to_string())?;
-        let mut out = MAGIC.to_vec();
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
-        Ok(Bytes::from(out))
+        codec::seal(MAGIC, self)
     }
 
     /// Decodes stored bytes, checking the magic, the checksum and the format.
     ///
     /// Errors: what is wrong with the bytes.
     pub fn decode(data: &[u8]) -> Result<Self, String> {
-        let rest = data.strip_prefix(MAGIC.as_slice()).ok_or("bad magic")?;
-        let split = rest.len().checked_sub(4).ok_or("truncated")?;
-        let (body, crc) = rest.split_at(split);
-        let mut want = [0u8; 4];
-        want.copy_from_slice(crc);
-        if crc32fast::hash(body) != u32::from_be_bytes(want) {
-            return Err("checksum mismatch".into());
-        }
-        let index: Index = postcard::from_bytes(body).map_err(|e| e.to_string())?;
+        let index: Index = codec::open(MAGIC, data)?;
         if index.format != INDEX_FORMAT {
             return Err(format!("unknown index format {}", index.format));
         }

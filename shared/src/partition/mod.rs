@@ -27,7 +27,9 @@
 //! [`Invalid::Superseded`].
 
 pub mod batch;
+pub mod codec;
 pub mod compact;
+pub mod dedup;
 pub mod index;
 pub mod lease;
 pub mod produce;
@@ -41,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use crate::cas::{Invalid, Stored};
 use crate::settings::TopicSettings;
 
+pub use dedup::{ChunkRef, Dedup, MAX_DEDUP_KEYS};
 pub use index::IndexRef;
 pub use lease::{Grant, Leased};
 pub use settle::{Refused, Settle};
@@ -112,18 +115,6 @@ pub struct Lease {
     pub delivery_count: u32,
 }
 
-/// A remembered `Idempotency-Key`: the offset its produce got, until `expires_ms`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dedup {
-    /// Offset the first produce with this key got.
-    pub offset: u64,
-    /// Wall-clock ms after which the key is forgotten.
-    pub expires_ms: u64,
-}
-
-/// Most idempotency keys one manifest remembers; past it the soonest to expire go first.
-pub const MAX_DEDUP_KEYS: usize = 5000;
-
 /// A partition's whole mutable state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -152,9 +143,12 @@ pub struct Manifest {
     pub leases: BTreeMap<u64, Lease>,
     /// Offsets acked above the frontier.
     pub acked_ahead: BTreeSet<u64>,
-    /// Idempotency keys of recent produces.
+    /// Idempotency keys of the newest produces, by [`dedup::key_hash`] (format 1: by key).
     #[serde(default)]
     pub dedup: BTreeMap<String, Dedup>,
+    /// Chunk objects holding older remembered keys, oldest first ([`dedup`]).
+    #[serde(default)]
+    pub dedup_chunks: Vec<ChunkRef>,
 }
 
 impl Manifest {
@@ -173,33 +167,7 @@ impl Manifest {
             leases: BTreeMap::new(),
             acked_ahead: BTreeSet::new(),
             dedup: BTreeMap::new(),
-        }
-    }
-
-    /// The offset a produce with idempotency key `key` got, if still remembered at `now_ms`.
-    pub fn dedup_lookup(&self, key: &str, now_ms: u64) -> Option<u64> {
-        self.dedup
-            .get(key)
-            .filter(|d| d.expires_ms > now_ms)
-            .map(|d| d.offset)
-    }
-
-    /// Remembers `key` → `offset` until `expires_ms`, forgetting expired keys and, past
-    /// [`MAX_DEDUP_KEYS`], those that expire soonest.
-    pub fn dedup_insert(&mut self, key: String, offset: u64, expires_ms: u64, now_ms: u64) {
-        self.dedup.retain(|_, d| d.expires_ms > now_ms);
-        self.dedup.insert(key, Dedup { offset, expires_ms });
-        if self.dedup.len() > MAX_DEDUP_KEYS {
-            let mut by_expiry: Vec<(u64, String)> = self
-                .dedup
-                .iter()
-                .map(|(k, d)| (d.expires_ms, k.clone()))
-                .collect();
-            by_expiry.sort();
-            let excess = self.dedup.len() - MAX_DEDUP_KEYS;
-            for (_, k) in by_expiry.into_iter().take(excess) {
-                self.dedup.remove(&k);
-            }
+            dedup_chunks: Vec::new(),
         }
     }
 
@@ -402,7 +370,13 @@ impl Stored for Manifest {
                 stored.format
             )));
         }
-        // Format 1 is format 2 without indexes; the next write stores it as format 2.
+        if stored.format == 1 {
+            // Format 1 kept idempotency keys as they were sent, and had no indexes.
+            stored.dedup = std::mem::take(&mut stored.dedup)
+                .into_iter()
+                .map(|(k, d)| (dedup::key_hash(&k), d))
+                .collect();
+        }
         stored.format = MANIFEST_FORMAT;
         match stored.incarnation.as_str().cmp(incarnation.as_str()) {
             std::cmp::Ordering::Equal => Ok(stored),

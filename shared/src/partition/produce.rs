@@ -39,8 +39,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans `produces` against `m` at `now`.
-    pub fn new(produces: &[Vec<NewStored>], m: &Manifest, now: u64) -> Self {
+    /// Plans `produces` against `m` at `now`. `spilled` answers for keys the manifest
+    /// spilled into chunk objects ([`super::dedup`]), which the caller read.
+    pub fn new(
+        produces: &[Vec<NewStored>],
+        m: &Manifest,
+        now: u64,
+        spilled: &dyn Fn(&str) -> Option<u64>,
+    ) -> Self {
         let mut seen = HashSet::new();
         let mut n = 0;
         let mut new_slot = || {
@@ -52,7 +58,7 @@ impl Plan {
             .map(|msgs| {
                 msgs.iter()
                     .map(|msg| match &msg.idempotency_key {
-                        Some(k) => match m.dedup_lookup(k, now) {
+                        Some(k) => match m.dedup_lookup(k, now).or_else(|| spilled(k)) {
                             Some(o) => Slot::Dup(o),
                             None if !seen.insert(k.clone()) => Slot::Same(k.clone()),
                             None => new_slot(),
@@ -61,6 +67,16 @@ impl Plan {
                     })
                     .collect()
             })
+            .collect();
+        Self { slots }
+    }
+
+    /// A plan under which no produce can be made (every one is answered with the
+    /// batch's refusal): for when the remembered keys could not be read.
+    pub fn refused(produces: &[Vec<NewStored>]) -> Self {
+        let slots = produces
+            .iter()
+            .map(|msgs| (0..msgs.len()).map(Slot::New).collect())
             .collect();
         Self { slots }
     }
@@ -121,7 +137,7 @@ pub fn append(
             Slot::New(j) => {
                 let o = base + *j as u64;
                 if let Some(k) = &msg.idempotency_key {
-                    m.dedup_insert(k.clone(), o, now + dedup_window_ms, now);
+                    m.dedup_insert(k, o, now + dedup_window_ms, now);
                     assigned.insert(k, o);
                 }
                 Some(o)
@@ -138,6 +154,10 @@ pub fn append(
 mod tests {
     use super::*;
     use crate::partition::testing::manifest_with;
+
+    fn none(_: &str) -> Option<u64> {
+        None
+    }
 
     fn msg(key: Option<&str>) -> NewStored {
         NewStored {
@@ -160,7 +180,7 @@ mod tests {
     fn new_messages_get_contiguous_offsets_after_next_offset() {
         let mut m = manifest_with(3);
         let produces = vec![vec![msg(None), msg(None)], vec![msg(None)]];
-        let plan = Plan::new(&produces, &m, 0);
+        let plan = Plan::new(&produces, &m, 0, &none);
         assert_eq!(plan.new_messages(&produces).len(), 3);
         let got = append(&mut m, 0, 100, &produces, &plan, Some(&seg(3)));
         assert_eq!(got, vec![Some(vec![3, 4]), Some(vec![5])]);
@@ -171,9 +191,9 @@ mod tests {
     #[test]
     fn remembered_and_repeated_keys_append_nothing() {
         let mut m = manifest_with(1);
-        m.dedup_insert("a".into(), 0, 1000, 0);
+        m.dedup_insert("a", 0, 1000, 0);
         let produces = vec![vec![msg(Some("a")), msg(Some("b"))], vec![msg(Some("b"))]];
-        let plan = Plan::new(&produces, &m, 10);
+        let plan = Plan::new(&produces, &m, 10, &none);
         assert_eq!(plan.new_messages(&produces).len(), 1);
         let got = append(&mut m, 10, 100, &produces, &plan, Some(&seg(1)));
         assert_eq!(got, vec![Some(vec![0, 1]), Some(vec![1])]);
@@ -184,18 +204,18 @@ mod tests {
     #[test]
     fn an_expired_key_is_new_again() {
         let mut m = manifest_with(1);
-        m.dedup_insert("a".into(), 0, 50, 0);
+        m.dedup_insert("a", 0, 50, 0);
         let produces = vec![vec![msg(Some("a"))]];
-        assert!(Plan::new(&produces, &m, 60).needs_segment());
-        assert!(!Plan::new(&produces, &m, 40).needs_segment());
+        assert!(Plan::new(&produces, &m, 60, &none).needs_segment());
+        assert!(!Plan::new(&produces, &m, 40, &none).needs_segment());
     }
 
     #[test]
     fn without_a_segment_only_pure_duplicates_are_answered() {
         let mut m = manifest_with(1);
-        m.dedup_insert("a".into(), 0, 1000, 0);
+        m.dedup_insert("a", 0, 1000, 0);
         let produces = vec![vec![msg(Some("a"))], vec![msg(None)]];
-        let plan = Plan::new(&produces, &m, 0);
+        let plan = Plan::new(&produces, &m, 0, &none);
         let before = m.clone();
         let got = append(&mut m, 0, 100, &produces, &plan, None);
         assert_eq!(got, vec![Some(vec![0]), None]);
