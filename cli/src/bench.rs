@@ -74,7 +74,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let inner = store::open(&args.store)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", args.store))?;
-    let metered = MeteredStore::new(inner);
+    let metered = MeteredStore::new(inner.clone());
     let store: DynStore = metered.clone();
     let cas_rate = serial_cas_rate(&store, args.cas_ops).await?;
 
@@ -136,6 +136,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "x".repeat(args.payload_bytes.saturating_sub(10))
     );
 
+    // Manifest sizes are read from the store beneath the meter, so they cost no counted request.
+    let sizes = ManifestSizes::new(inner.clone(), &topic, args.partitions);
+    let mut replay_probe = None;
     let mut phases = Vec::new();
     phases.push(
         phase("produce", &metered, &args, {
@@ -185,6 +188,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             .await,
         );
     } else {
+        sizes.record().await;
+        replay_probe = Some(replay_cost(&inner, &cfg, &topic).await?);
+        let sampler = sizes.sample_every(Duration::from_millis(200));
         phases.push(
             phase("consume+ack", &metered, &args, {
                 let c = c.clone();
@@ -198,7 +204,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             })
             .await,
         );
+        sampler.abort();
     }
+    sizes.record().await;
     let _ = c
         .send(
             reqwest::Method::DELETE,
@@ -252,6 +260,14 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         total.failed_puts() as f64 / n,
         total.total() as f64 / n
     );
+    println!("{}", sizes.report());
+    if let Some((topic_gets, cold, warm)) = replay_probe {
+        println!(
+            "replay of partition 0 offset 0 from a fresh process after the produce phase: \
+             {cold} GET cold, {warm} GET warm (plus {topic_gets} GET for the topic record, \
+             cached per process)"
+        );
+    }
     let errors: usize = phases.iter().map(|p| p.errors).sum();
     if errors > 0 {
         return Err(format!("{errors} requests failed"));
@@ -516,4 +532,109 @@ impl Client {
         }
         Err("ack: still 503 after 100 tries".into())
     }
+}
+
+/// The largest manifest of the benchmark's topic, sampled during the run and recorded
+/// after each phase, with the number of index objects it named.
+#[derive(Clone)]
+struct ManifestSizes {
+    store: DynStore,
+    keys: Vec<String>,
+    /// (bytes, indexes) after each recorded phase.
+    after: Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    /// Largest size seen while sampling.
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ManifestSizes {
+    fn new(store: DynStore, topic: &str, partitions: u32) -> Self {
+        Self {
+            store,
+            keys: (0..partitions)
+                .map(|p| format!("topics/{topic}/{p}/manifest.json"))
+                .collect(),
+            after: Arc::default(),
+            peak: Arc::default(),
+        }
+    }
+
+    /// The largest manifest now, in bytes, and its number of index refs.
+    async fn largest(&self) -> (usize, usize) {
+        let mut out = (0, 0);
+        for k in &self.keys {
+            if let Ok(Some(o)) = self.store.get(k).await {
+                let indexes = serde_json::from_slice::<Value>(&o.data)
+                    .ok()
+                    .and_then(|v| v["indexes"].as_array().map(Vec::len))
+                    .unwrap_or(0);
+                out = out.max((o.data.len(), indexes));
+            }
+        }
+        self.peak
+            .fetch_max(out.0, std::sync::atomic::Ordering::Relaxed);
+        out
+    }
+
+    async fn record(&self) {
+        let now = self.largest().await;
+        self.after
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(now);
+    }
+
+    fn sample_every(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                me.largest().await;
+            }
+        })
+    }
+
+    fn report(&self) -> String {
+        let after = self.after.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let parts: Vec<String> = after
+            .iter()
+            .map(|(b, i)| format!("{b} bytes ({i} index refs)"))
+            .collect();
+        format!(
+            "largest manifest: {} after each phase; peak {} bytes",
+            parts.join(", then "),
+            self.peak.load(std::sync::atomic::Ordering::Relaxed)
+        )
+    }
+}
+
+/// Storage GETs a fresh process spends to replay partition 0, offset 0 of `topic`: for
+/// loading the topic record, then for the replay cold, then for the same replay again.
+async fn replay_cost(
+    inner: &DynStore,
+    cfg: &Config,
+    topic: &str,
+) -> Result<(u64, u64, u64), String> {
+    let metered = MeteredStore::new(inner.clone());
+    let broker = Broker::new(
+        metered.clone(),
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        cfg.receipt_keys.clone(),
+        cfg.broker.clone(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let gets = || metered.counts().gets();
+    let start = gets();
+    broker.topic(topic).await.map_err(|e| e.to_string())?;
+    let loaded = gets();
+    let replay = || broker.replay(topic, 0, 0, Duration::ZERO);
+    let first = replay().await.map_err(|e| e.to_string())?;
+    let cold = gets();
+    replay().await.map_err(|e| e.to_string())?;
+    let warm = gets();
+    if first.is_none() {
+        return Err("offset 0 was not found".into());
+    }
+    Ok((loaded - start, cold - loaded, warm - cold))
 }

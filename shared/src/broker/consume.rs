@@ -93,6 +93,7 @@ impl Broker {
                 break;
             }
             let answer = self.committer.lease(topic, p, max - out.len()).await?;
+            self.changed(topic, p);
             for g in answer.leased.dead {
                 self.dead_letter(topic, p, &answer.layout, g).await;
             }
@@ -113,7 +114,7 @@ impl Broker {
     ) -> BrokerResult<Vec<Delivery>> {
         let offsets: Vec<u64> = grants.iter().map(|g| g.offset).collect();
         let messages = self
-            .messages(&topic.name, partition, layout, &offsets)
+            .messages(&topic.name, partition, layout, &offsets, true)
             .await?;
         let mut out = Vec::with_capacity(grants.len());
         for (g, msg) in grants.into_iter().zip(messages) {

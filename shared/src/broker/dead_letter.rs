@@ -48,7 +48,7 @@ impl Broker {
             ));
         };
         let mut found = self
-            .messages(&topic.name, partition, layout, &[g.offset])
+            .messages(&topic.name, partition, layout, &[g.offset], false)
             .await?;
         if let Some(msg) = found.pop().flatten() {
             let origin = format!(
@@ -67,6 +67,8 @@ impl Broker {
         }
         self.committer
             .settle(topic, partition, g.offset, g.lease_id, Settle::Ack)
-            .await
+            .await?;
+        self.changed(topic, partition);
+        Ok(())
     }
 }

@@ -161,7 +161,9 @@ impl Broker {
     ///
     /// Errors: the commit's failure.
     pub async fn apply_retention(&self, topic: &Topic, partition: u32) -> BrokerResult<()> {
-        self.committer.lease(topic, partition, 0).await.map(|_| ())
+        self.committer.lease(topic, partition, 0).await?;
+        self.changed(topic, partition);
+        Ok(())
     }
 
     /// Commits compaction swaps on one partition; returns how many segments were replaced.
@@ -174,6 +176,12 @@ impl Broker {
         swaps: Vec<Swap>,
     ) -> BrokerResult<u64> {
         self.committer.compact(topic, partition, swaps).await
+    }
+
+    /// Forgets what replays keep of `partition` after this process changed it.
+    fn changed(&self, topic: &Topic, partition: u32) {
+        self.views
+            .forget(&crate::keys::manifest(&topic.name, partition));
     }
 
     /// The next partition of this process's round-robin over `n` partitions.

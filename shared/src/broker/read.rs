@@ -100,8 +100,8 @@ impl Broker {
     }
 
     /// The messages at `offsets` (each `None` if retention removed it): their segments
-    /// are read at once, each once; then the segments after the last one are read ahead
-    /// in the background.
+    /// are read at once, each once. For a consume (`read_ahead`), the segments after the
+    /// last one are then read ahead in the background.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
     pub(super) async fn messages(
@@ -110,6 +110,7 @@ impl Broker {
         partition: u32,
         layout: &Layout,
         offsets: &[u64],
+        read_ahead: bool,
     ) -> BrokerResult<Vec<Option<StoredMessage>>> {
         let mut located = Vec::with_capacity(offsets.len());
         let mut wanted: BTreeMap<String, SegmentRef> = BTreeMap::new();
@@ -130,7 +131,7 @@ impl Broker {
         let loaded = self
             .fetch_all(topic, partition, wanted.into_values())
             .await?;
-        if let Some((seg, index)) = last {
+        if let Some((seg, index)) = last.filter(|_| read_ahead) {
             self.read_ahead(topic, partition, layout, &seg, index.as_deref());
         }
         located

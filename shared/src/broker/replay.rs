@@ -1,9 +1,10 @@
 //! Replay: read any retained message by partition and offset, read-only (no lease, no
 //! receipt handle), long-polling for an offset not produced yet.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -46,9 +47,10 @@ impl Broker {
         let now = self.clock.now_ms();
         let cutoff = now.saturating_sub(topic.settings.retention_ms);
         let key = keys::manifest(&topic.name, partition);
-        let (layout, delivery_count) = match self.views.settled(&key, topic, offset, cutoff) {
-            // Settled offsets stay settled, and this one is not due for retention yet.
-            Some(layout) => (layout, 0),
+        let fresh_for = self.opts.topic_cache;
+        let (layout, delivery_count) = match self.views.get(&key, topic, offset, cutoff, fresh_for)
+        {
+            Some(kept) => kept,
             None => {
                 let m = self.read_manifest(topic, partition).await?;
                 let count = m.leases.get(&offset).map_or(0, |l| l.delivery_count);
@@ -62,7 +64,7 @@ impl Broker {
             return Ok(None);
         }
         let mut found = self
-            .messages(&topic.name, partition, &layout, &[offset])
+            .messages(&topic.name, partition, &layout, &[offset], false)
             .await?;
         let msg = found
             .pop()
@@ -81,15 +83,22 @@ impl Broker {
     }
 }
 
-/// The partition layouts replays last read, so a replay of a settled, retained offset
-/// needs no manifest read: settled offsets stay settled, segments and index objects are
-/// immutable, and retention is a matter of time.
+/// The partition layouts replays last read, so a replay needs no manifest read when it
+/// can be answered from one: for a settled offset always (settled offsets stay settled,
+/// segments and index objects are immutable, and retention is a matter of time), and for
+/// any offset the layout covers while it is younger than `NARAD_TOPIC_CACHE_MS` (its
+/// delivery count is then as of that read, the same staleness topic settings have). A
+/// change this process commits on a partition forgets its layout, so a process always
+/// sees its own writes.
 pub(super) struct Views(Mutex<lru::LruCache<String, View>>);
 
 struct View {
     incarnation: String,
+    read_at: Instant,
     frontier: u64,
     layout: Arc<Layout>,
+    /// Delivery counts of the unsettled offsets that had been delivered.
+    delivered: BTreeMap<u64, u32>,
 }
 
 /// Partitions whose layout is kept for replays.
@@ -107,19 +116,35 @@ impl Views {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The kept layout of `key`, if `offset` was settled in it and the unit holding it
-    /// is not older than `cutoff`.
-    fn settled(&self, key: &str, topic: &Topic, offset: u64, cutoff: u64) -> Option<Arc<Layout>> {
+    /// The kept layout of `key` and the offset's delivery count, if the layout may
+    /// answer for `offset` (see [`Views`]) and the unit holding it is not older than
+    /// `cutoff`.
+    fn get(
+        &self,
+        key: &str,
+        topic: &Topic,
+        offset: u64,
+        cutoff: u64,
+        fresh_for: Duration,
+    ) -> Option<(Arc<Layout>, u32)> {
         let mut views = self.lock();
         let v = views.get(key)?;
-        if v.incarnation != topic.incarnation || offset >= v.frontier {
+        let recent = v.read_at.elapsed() < fresh_for && offset < v.layout.next_offset;
+        if v.incarnation != topic.incarnation || !(offset < v.frontier || recent) {
             return None;
         }
         let newest = match v.layout.locate(offset)? {
             Located::Hot(s) => s.last_produced_ms,
             Located::Indexed(r) => r.last_produced_ms,
         };
-        (newest >= cutoff).then(|| v.layout.clone())
+        let delivered = v.delivered.get(&offset).copied().unwrap_or(0);
+        (newest >= cutoff).then(|| (v.layout.clone(), delivered))
+    }
+
+    /// Forgets the layout of `key`: this process just changed that partition, and its
+    /// own replays see their own writes.
+    pub(super) fn forget(&self, key: &str) {
+        self.lock().pop(key);
     }
 
     /// Keeps `m`'s layout for `key`.
@@ -127,8 +152,14 @@ impl Views {
         let layout = Arc::new(m.layout());
         let view = View {
             incarnation: topic.incarnation.clone(),
+            read_at: Instant::now(),
             frontier: m.frontier,
             layout: layout.clone(),
+            delivered: m
+                .leases
+                .iter()
+                .map(|(o, l)| (*o, l.delivery_count))
+                .collect(),
         };
         self.lock().put(key, view);
         layout

@@ -89,6 +89,9 @@ impl Broker {
             }
             results[i] = Some(r);
         }
+        for c in claims.iter().flatten() {
+            self.changed(topic, c.partition);
+        }
         Ok(results
             .into_iter()
             .map(|r| {

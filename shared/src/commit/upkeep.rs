@@ -68,8 +68,12 @@ impl Upkeeper {
         if merge_run != self.merge_run {
             self.upkeep.merge = None;
             if let Some(run) = &merge_run {
-                let entries = Entries::Indexes(run.clone());
-                if let Some(id) = c.write_index(q, entries).await {
+                let entries = c.merged_entries(q, run).await;
+                let written = match entries {
+                    Some(entries) => c.write_index(q, entries).await,
+                    None => None,
+                };
+                if let Some(id) = written {
                     let index = index::ref_for_indexes(id, run);
                     let run = run.clone();
                     self.upkeep.merge = Some(Merge { run, index });
@@ -103,6 +107,37 @@ fn too_old_id(id: &str, now: u64) -> bool {
 }
 
 impl Committer {
+    /// What the index merging `run` lists: all their segments when the merge stays at
+    /// level 0 (read through the cache), else the refs. `None` (logged) if a listed index
+    /// cannot be read.
+    async fn merged_entries(&self, q: &Queue, run: &[IndexRef]) -> Option<Entries> {
+        if !index::merges_into_leaf(run) {
+            return Some(Entries::Indexes(run.to_vec()));
+        }
+        let mut segments = Vec::new();
+        for r in run {
+            let key = keys::index(&q.topic, q.partition, &r.id);
+            let loaded = match self.caches.indexes.get(&key) {
+                Some(i) => i,
+                None => match self.store.get(&key).await {
+                    Ok(Some(o)) => match Index::decode(&o.data) {
+                        Ok(i) => Arc::new(i),
+                        Err(e) => {
+                            tracing::warn!(%key, error = %e, "corrupt index object; merge skipped");
+                            return None;
+                        }
+                    },
+                    Ok(None) | Err(_) => return None,
+                },
+            };
+            match &loaded.entries {
+                Entries::Segments(s) => segments.extend(s.iter().cloned()),
+                Entries::Indexes(_) => return None,
+            }
+        }
+        Some(Entries::Segments(segments))
+    }
+
     /// Writes one index object; its id, or `None` (logged) if the write failed.
     async fn write_index(&self, q: &Queue, entries: Entries) -> Option<String> {
         let index = Index {

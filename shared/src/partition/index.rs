@@ -12,7 +12,9 @@
 //!   ones (keeping the newest [`KEEP_HOT`], at most [`MAX_FOLD`]) move into one level-0
 //!   index;
 //! * [`merge`]: when it holds more than [`MERGE_ABOVE`] index refs, the oldest run of
-//!   [`MERGE_FANOUT`] refs of one level becomes one ref of the next level.
+//!   [`MERGE_FANOUT`] refs of one level becomes one ref: a larger level-0 index listing all
+//!   their segments while that stays within [`MAX_LEAF_SEGMENTS`] (so lookups stay one
+//!   level deep for long), else an index of the next level listing the refs.
 //!
 //! The manifest thus holds at most about `FOLD_ABOVE` segments and `MERGE_ABOVE` + a few
 //! index refs per level, whatever is retained. Both take effect only where the manifest
@@ -35,6 +37,8 @@ pub const MAX_FOLD: usize = 1024;
 pub const MERGE_ABOVE: usize = 32;
 /// Refs one merged index lists.
 pub const MERGE_FANOUT: usize = 16;
+/// Most segments a level-0 index lists after merges (a few hundred KiB).
+pub const MAX_LEAF_SEGMENTS: u64 = 4096;
 
 /// The format of index objects this code writes (and the only one it reads).
 pub const INDEX_FORMAT: u32 = 1;
@@ -196,11 +200,25 @@ pub fn ref_for_segments(id: String, run: &[SegmentRef]) -> IndexRef {
     }
 }
 
-/// The ref of an index one level above `run`, listing it.
+/// Whether a merge of `run` becomes one larger level-0 index (listing every segment of
+/// the run, so lookups stay one level deep) rather than an index of the next level: when
+/// the run is of level 0 and lists at most [`MAX_LEAF_SEGMENTS`] segments in all.
+pub fn merges_into_leaf(run: &[IndexRef]) -> bool {
+    run.iter().all(|r| r.level == 0)
+        && run.iter().map(|r| r.segments).sum::<u64>() <= MAX_LEAF_SEGMENTS
+}
+
+/// The ref of the index a merge of `run` writes: level 0 when it
+/// [`merges_into_leaf`], else one level above `run`.
 pub fn ref_for_indexes(id: String, run: &[IndexRef]) -> IndexRef {
+    let level = if merges_into_leaf(run) {
+        0
+    } else {
+        run.first().map_or(0, |r| r.level + 1)
+    };
     IndexRef {
         id,
-        level: run.first().map_or(0, |r| r.level + 1),
+        level,
         base_offset: run.first().map_or(0, |r| r.base_offset),
         end_offset: run.last().map_or(0, |r| r.end_offset),
         segments: run.iter().map(|r| r.segments).sum(),
@@ -301,10 +319,18 @@ mod tests {
         let run = merge_candidate(&m).unwrap();
         assert_eq!(run.len(), MERGE_FANOUT);
         let index = ref_for_indexes("m".into(), &run);
-        assert_eq!((index.level, index.base_offset, index.segments), (1, 0, 48));
+        assert_eq!((index.level, index.base_offset, index.segments), (0, 0, 48));
+        let big: Vec<IndexRef> = run
+            .iter()
+            .map(|r| IndexRef {
+                segments: MAX_LEAF_SEGMENTS,
+                ..r.clone()
+            })
+            .collect();
+        assert_eq!(ref_for_indexes("b".into(), &big).level, 1);
         assert!(merge(&mut m, &Merge { run, index }));
         assert_eq!(m.indexes.len(), MERGE_ABOVE + 1 - MERGE_FANOUT + 1);
-        assert_eq!(m.indexes[0].level, 1);
+        assert_eq!(m.indexes[0].id, "m");
         assert!(merge_candidate(&m).is_none());
     }
 
