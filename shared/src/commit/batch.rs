@@ -189,9 +189,13 @@ impl Change<Manifest> for BatchCommit<'_> {
             }
         }
         self.plan = Some(plan);
-        let mut after = state.clone();
-        after.apply_retention(self.now, self.batch.rules.retention_ms);
-        self.upkeeper.prepare(self.committer, self.q, &after).await;
+        // Upkeep rides on produces only: they are what makes a manifest grow, and a batch
+        // of settles or leases may well write nothing.
+        if !self.batch.produces.is_empty() {
+            let mut after = state.clone();
+            after.apply_retention(self.now, self.batch.rules.retention_ms);
+            self.upkeeper.prepare(self.committer, self.q, &after).await;
+        }
     }
 
     fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {

@@ -131,10 +131,9 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     let chunks_before = m.dedup_chunks.clone();
     m.expire_chunks(now);
     let spilled = upkeep.spill.as_ref().is_some_and(|s| dedup::spill(m, s));
-    let mut changed = out.dropped != Dropped::default()
-        || out.upkept != (false, false)
-        || spilled
-        || m.dedup_chunks != chunks_before;
+    // Expired key chunks leave with a commit that writes anyway: dropping them alone is
+    // not worth a write (and a refused settle must change nothing).
+    let mut changed = out.dropped != Dropped::default() || out.upkept != (false, false) || spilled;
     let dedup = batch.rules.dedup_window_ms;
     out.produced = produce::append(m, now, dedup, &batch.produces, plan, segment);
     if segment.is_some() {
@@ -164,10 +163,11 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         .into_iter()
         .filter(|c| !m.dedup_chunks.contains(c))
         .collect();
-    changed |= !out.dropped_chunks.is_empty();
     if changed {
         Decision::Commit(out)
     } else {
+        // Nothing is written, so nothing was dropped.
+        out.dropped_chunks.clear();
         Decision::Keep(out)
     }
 }
