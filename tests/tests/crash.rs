@@ -2,6 +2,10 @@
 //! of them is SIGKILLed and restarted every 1–2.5 s while producers (retrying with an
 //! `Idempotency-Key` until they get a 2xx) and consumers run. After a drain: no
 //! acknowledged message lost, no offset holding two payloads, no produce appended twice.
+//! Meanwhile `narad gc` runs as a separate process every second (compaction racing the
+//! servers' commits, which fold segments into index objects and spill idempotency keys as
+//! the partitions grow), and at the end a fresh process replays every acknowledged message
+//! at its offset (older ones through the index objects).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet};
@@ -132,6 +136,26 @@ async fn sigkill_and_restart_loses_nothing() {
         }));
     }
 
+    // Maintenance racing the commits: a gc pass (default grace) every second.
+    {
+        let (stop, url) = (stop.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let out = tokio::process::Command::new(narad_tests::narad_binary())
+                    .args(["gc", "--store", &url])
+                    .env("NARAD_LOG", "warn")
+                    .output()
+                    .await
+                    .unwrap();
+                // A pass may fail on a transient error; it must never break anything.
+                if !out.status.success() {
+                    println!("gc: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+            }
+        }));
+    }
+
     // Chaos: SIGKILL one process and start a replacement every 1-2.5 s.
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let start = Instant::now();
@@ -200,8 +224,35 @@ async fn sigkill_and_restart_loses_nothing() {
         acked.len() as u64,
         "produces appended twice (or unacknowledged ones appended)"
     );
+    // A fresh process replays every acknowledged message where its produce said it is.
+    let fresh = Process::start(&url, free_port(), &[]).await;
+    for (payload, (p, o)) in acked.iter() {
+        let r = http
+            .get(format!(
+                "{}/v1/topics/crash/consume?partition={p}&offset={o}",
+                fresh.base
+            ))
+            .basic_auth(USER, Some(PASS))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "replay of {p}/{o}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["payload"].as_str(),
+            Some(payload.as_str()),
+            "replay of {p}/{o}"
+        );
+    }
+    fresh.kill().await;
+    let indexes: Vec<u64> = r["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["indexes"].as_u64().unwrap_or(0))
+        .collect();
     println!(
-        "crash test: {kills} kills, {} messages produced and delivered",
+        "crash test: {kills} kills, {} messages produced, delivered and replayed; index objects per partition: {indexes:?}",
         acked.len()
     );
     assert!(
