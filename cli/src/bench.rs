@@ -78,15 +78,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let store: DynStore = metered.clone();
     let cas_rate = serial_cas_rate(&store, args.cas_ops).await?;
 
-    let broker = Broker::new(
-        store.clone(),
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        cfg.receipt_keys.clone(),
-        cfg.broker.clone(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let broker = broker_on(store.clone(), &cfg).await?;
     let users = [Credential {
         user: "bench".into(),
         password: "bench".into(),
@@ -615,15 +607,7 @@ async fn replay_cost(
     topic: &str,
 ) -> Result<(u64, u64, u64), String> {
     let metered = MeteredStore::new(inner.clone());
-    let broker = Broker::new(
-        metered.clone(),
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        cfg.receipt_keys.clone(),
-        cfg.broker.clone(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let broker = broker_on(metered.clone(), cfg).await?;
     let gets = || metered.counts().gets();
     let start = gets();
     broker.topic(topic).await.map_err(|e| e.to_string())?;
@@ -637,4 +621,17 @@ async fn replay_cost(
         return Err("offset 0 was not found".into());
     }
     Ok((loaded - start, cold - loaded, warm - cold))
+}
+
+/// A broker on `store` with the configured receipt keys and limits, on the system clock.
+async fn broker_on(store: DynStore, cfg: &Config) -> Result<Broker, String> {
+    Broker::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        cfg.receipt_keys.clone(),
+        cfg.broker.clone(),
+    )
+    .await
+    .map_err(|e| e.to_string())
 }

@@ -5,6 +5,24 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::store::{Store, StoreError};
+
+/// Why [`Cache::read_through`] found no value.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The stored object does not decode.
+    #[error("corrupt stored object {key}: {detail}")]
+    Corrupt {
+        /// Its key.
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
 /// How much memory a cached value takes, roughly.
 pub trait Weigh {
     /// Approximate size in bytes.
@@ -66,6 +84,31 @@ impl<V: Weigh> Cache<V> {
                 None => break,
             }
         }
+    }
+
+    /// The value of the object at `key`: cached, or read from `store`, decoded with
+    /// `decode` and cached. `None` if the object does not exist.
+    ///
+    /// Errors: [`ReadError`].
+    pub async fn read_through(
+        &self,
+        store: &dyn Store,
+        key: &str,
+        decode: impl FnOnce(&[u8]) -> Result<V, String>,
+    ) -> Result<Option<Arc<V>>, ReadError> {
+        if let Some(v) = self.get(key) {
+            return Ok(Some(v));
+        }
+        let Some(obj) = store.get(key).await? else {
+            return Ok(None);
+        };
+        let v = decode(&obj.data).map_err(|detail| ReadError::Corrupt {
+            key: key.to_owned(),
+            detail,
+        })?;
+        let v = Arc::new(v);
+        self.put(key.to_owned(), v.clone());
+        Ok(Some(v))
     }
 
     /// Bytes held now.

@@ -8,6 +8,7 @@
 
 use std::convert::Infallible;
 
+use crate::cache::ReadError;
 use crate::cas::CasError;
 use crate::keys::InvalidTopic;
 use crate::partition::Refused;
@@ -75,6 +76,15 @@ impl From<Refused> for BrokerError {
         match r {
             Refused::LeaseGone => BrokerError::LeaseGone,
             Refused::AckedAheadFull => BrokerError::AckedAheadFull,
+        }
+    }
+}
+
+impl From<ReadError> for BrokerError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Store(e) => BrokerError::Store(e),
+            e @ ReadError::Corrupt { .. } => BrokerError::Corrupt(e.to_string()),
         }
     }
 }

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::Broker;
-use crate::cache::Cache;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::index::{Entries, Found, Index};
@@ -28,15 +27,8 @@ async fn fetch_segment(
     cache: &SegmentCache,
     key: String,
 ) -> BrokerResult<Option<Arc<Segment>>> {
-    if let Some(s) = cache.get(&key) {
-        return Ok(Some(s));
-    }
-    let Some(obj) = store.get(&key).await? else {
-        return Ok(None);
-    };
-    let s = Arc::new(Segment::decode(&obj.data)?);
-    cache.put(key, s.clone());
-    Ok(Some(s))
+    let decode = |d: &[u8]| Segment::decode(d).map_err(|e| e.to_string());
+    Ok(cache.read_through(&**store, &key, decode).await?)
 }
 
 impl Broker {
@@ -63,7 +55,10 @@ impl Broker {
         id: &str,
     ) -> BrokerResult<Option<Arc<Index>>> {
         let key = keys::index(topic, partition, id);
-        load_index(&self.store, &self.indexes, key).await
+        Ok(self
+            .indexes
+            .read_through(&*self.store, &key, Index::decode)
+            .await?)
     }
 
     /// The segment holding `offset` per `layout` (through index objects for older
@@ -216,23 +211,4 @@ impl Broker {
             });
         }
     }
-}
-
-/// Reads one index object through the cache; `None` if it is gone.
-async fn load_index(
-    store: &DynStore,
-    cache: &Cache<Index>,
-    key: String,
-) -> BrokerResult<Option<Arc<Index>>> {
-    if let Some(i) = cache.get(&key) {
-        return Ok(Some(i));
-    }
-    let Some(obj) = store.get(&key).await? else {
-        return Ok(None);
-    };
-    let index =
-        Index::decode(&obj.data).map_err(|e| BrokerError::Corrupt(format!("{key}: {e}")))?;
-    let index = Arc::new(index);
-    cache.put(key, index.clone());
-    Ok(Some(index))
 }

@@ -117,18 +117,17 @@ impl Committer {
         let mut segments = Vec::new();
         for r in run {
             let key = keys::index(&q.topic, q.partition, &r.id);
-            let loaded = match self.caches.indexes.get(&key) {
-                Some(i) => i,
-                None => match self.store.get(&key).await {
-                    Ok(Some(o)) => match Index::decode(&o.data) {
-                        Ok(i) => Arc::new(i),
-                        Err(e) => {
-                            tracing::warn!(%key, error = %e, "corrupt index object; merge skipped");
-                            return None;
-                        }
-                    },
-                    Ok(None) | Err(_) => return None,
-                },
+            let read = self
+                .caches
+                .indexes
+                .read_through(&*self.store, &key, Index::decode);
+            let loaded = match read.await {
+                Ok(Some(i)) => i,
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "index object unreadable; merge skipped");
+                    return None;
+                }
             };
             match &loaded.entries {
                 Entries::Segments(s) => segments.extend(s.iter().cloned()),
@@ -216,18 +215,12 @@ impl Committer {
                 break;
             }
             let key = keys::dedup_chunk(&q.topic, q.partition, &c.id);
-            let chunk = match self.caches.chunks.get(&key) {
-                Some(chunk) => chunk,
-                None => {
-                    let Some(obj) = self.store.get(&key).await? else {
-                        return Err(BrokerError::Corrupt(format!("{key} is missing")));
-                    };
-                    let chunk = Chunk::decode(&obj.data)
-                        .map_err(|e| BrokerError::Corrupt(format!("{key}: {e}")))?;
-                    let chunk = Arc::new(chunk);
-                    self.caches.chunks.put(key, chunk.clone());
-                    chunk
-                }
+            let read = self
+                .caches
+                .chunks
+                .read_through(&*self.store, &key, Chunk::decode);
+            let Some(chunk) = read.await? else {
+                return Err(BrokerError::Corrupt(format!("{key} is missing")));
             };
             wanted.retain(|hash, k| match chunk.lookup(hash, now) {
                 Some(offset) => {
