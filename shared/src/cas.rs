@@ -33,9 +33,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sha2::Digest;
 
 use crate::clock::IdSource;
 use crate::store::{Fetched, Object, Store, StoreError};
@@ -334,7 +334,7 @@ impl<'a, S: Stored> Cell<'a, S> {
                     // A stale cache is expected to miss once: re-read at once. Real races back
                     // off first, so the state they retry on is as fresh as it can be.
                     if fresh {
-                        backoff(attempt).await;
+                        backoff(attempt, &self.ids.new_id()).await;
                     }
                     snap = match current {
                         Some(current) => current,
@@ -388,10 +388,15 @@ enum Written<S> {
 }
 
 /// Full-jitter exponential backoff: up to 2 ms × 2^attempt, capped at 100 ms. The one
-/// retry policy for conditional writes.
-pub async fn backoff(attempt: u32) {
+/// retry policy for conditional writes. The jitter is drawn from `entropy`, a fresh id of
+/// the injected id source (random in production, a sequence in tests, so a seeded test
+/// replays identically).
+pub async fn backoff(attempt: u32, entropy: &str) {
     let cap = (2u64 << attempt.min(6)).min(100);
-    let ms = rand::thread_rng().gen_range(0..=cap);
+    let digest = sha2::Sha256::digest(entropy.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    let ms = u64::from_be_bytes(first) % (cap + 1);
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 

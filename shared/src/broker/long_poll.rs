@@ -5,7 +5,9 @@
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::Broker;
 use crate::error::BrokerResult;

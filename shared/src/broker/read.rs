@@ -1,6 +1,7 @@
 //! Reading messages: find an offset's segment (a hot segment of the layout, or through
 //! index objects for older offsets), read segments once per process through byte-bounded
-//! caches, several at a time, and read ahead of a consumer far behind its producers.
+//! caches, several at a time, and read ahead of a consumer far behind its producers (the
+//! next segments ride along a read that has to happen anyway).
 //!
 //! Segments and index objects are immutable, so cached copies never go stale; a message
 //! whose segment is gone was removed by retention (the caller treats it as expired).
@@ -95,8 +96,8 @@ impl Broker {
     }
 
     /// The messages at `offsets` (each `None` if retention removed it): their segments
-    /// are read at once, each once. For a consume (`read_ahead`), the segments after the
-    /// last one are then read ahead in the background.
+    /// are read at once, each once. For a consume (`read_ahead`) that has to read a
+    /// segment anyway, the segments after the last one are read in the same go.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
     pub(super) async fn messages(
@@ -123,12 +124,22 @@ impl Broker {
             }
             located.push(found.map(|(s, _)| s));
         }
+        // Read-ahead rides along a miss: the next segments are fetched together with the
+        // ones this call must read anyway, so it adds no round trip (and no task outlives
+        // the request).
+        let missing = wanted.values().any(|s| {
+            !self
+                .segments
+                .contains(&keys::segment(topic, partition, &s.id))
+        });
+        if let Some((seg, index)) = last.filter(|_| read_ahead && missing) {
+            for s in self.ahead_of(topic, partition, layout, &seg, index.as_deref()) {
+                wanted.entry(s.id.clone()).or_insert(s);
+            }
+        }
         let loaded = self
             .fetch_all(topic, partition, wanted.into_values())
             .await?;
-        if let Some((seg, index)) = last.filter(|_| read_ahead) {
-            self.read_ahead(topic, partition, layout, &seg, index.as_deref());
-        }
         located
             .into_iter()
             .zip(offsets)
@@ -173,42 +184,33 @@ impl Broker {
         Ok(out)
     }
 
-    /// Starts reading the segments after `seg` (hot ones from `layout`, or the following
-    /// entries of its level-0 `index`) that are not cached yet, without waiting.
-    fn read_ahead(
+    /// The segments after `seg` (hot ones from `layout`, or the following entries of its
+    /// level-0 `index`) that are not cached yet, within the read-ahead budget.
+    fn ahead_of(
         &self,
         topic: &str,
         partition: u32,
         layout: &Layout,
         seg: &SegmentRef,
         index: Option<&Index>,
-    ) {
-        let next: Vec<SegmentRef> = match index.map(|i| &i.entries) {
+    ) -> Vec<SegmentRef> {
+        let next: &[SegmentRef] = match index.map(|i| &i.entries) {
             Some(Entries::Segments(list)) => {
                 let i = list.partition_point(|s| s.base_offset <= seg.base_offset);
-                list[i..]
-                    .iter()
-                    .take(READ_AHEAD_SEGMENTS)
-                    .cloned()
-                    .collect()
+                &list[i..(i + READ_AHEAD_SEGMENTS).min(list.len())]
             }
-            _ => layout
-                .hot_after(seg.base_offset, READ_AHEAD_SEGMENTS)
-                .to_vec(),
+            _ => layout.hot_after(seg.base_offset, READ_AHEAD_SEGMENTS),
         };
         let mut budget = READ_AHEAD_BYTES;
+        let mut out = Vec::new();
         for s in next {
             let key = keys::segment(topic, partition, &s.id);
             if budget < s.bytes || self.segments.contains(&key) {
                 continue;
             }
             budget -= s.bytes;
-            let (store, cache) = (self.store.clone(), self.segments.clone());
-            tokio::spawn(async move {
-                if let Err(e) = fetch_segment(&store, &cache, key).await {
-                    tracing::debug!(error = %e, "read-ahead failed");
-                }
-            });
+            out.push(s.clone());
         }
+        out
     }
 }

@@ -8,9 +8,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
+use tokio::time::Instant;
 
 use super::Broker;
 use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
