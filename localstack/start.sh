@@ -41,10 +41,23 @@ else
     log "requirements up to date"
 fi
 
-# 2. Start LocalStack unless something already answers on the health endpoint.
+# 2. Start LocalStack unless something already answers on the health endpoint. One that
+#    answers is reused only if it is the pinned version, and the log says whose it is.
 mkdir -p "$DATA"
-if curl -fs --max-time 2 "$HEALTH" >/dev/null 2>&1; then
-    log "LocalStack already answering at $ENDPOINT"
+PINNED="$(sed -nE 's/^localstack-core==([0-9.]+).*/\1/p' "$REQS")"
+if health="$(curl -fs --max-time 2 "$HEALTH" 2>/dev/null)"; then
+    running="$(printf '%s' "$health" | "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin).get("version", "unknown"))' 2>/dev/null || echo unknown)"
+    if [[ -n "$PINNED" && "$running" != "$PINNED" ]]; then
+        log "something else answers at $ENDPOINT: LocalStack $running, not the pinned $PINNED."
+        log "stop it (or free port 4566) and run this again."
+        exit 1
+    fi
+    if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+        log "reusing LocalStack $running that this script started earlier (pid $(cat "$PIDFILE"), log $LOG)"
+    else
+        log "reusing LocalStack $running already answering at $ENDPOINT, started by someone else:"
+        log "its state is shared with whatever else uses it (tests use their own key prefixes)"
+    fi
 else
     log "starting LocalStack (log: $LOG)"
     # SKIP_SSL_CERT_DOWNLOAD / DISABLE_EVENTS: no outbound calls (only registries are reachable).
