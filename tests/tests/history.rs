@@ -122,9 +122,31 @@ async fn a_long_history_lives_in_index_objects_and_stays_readable() {
     }
     assert_eq!(seen, n);
 
-    // Garbage collection with no grace at all keeps everything the manifest names.
+    // A reader keeps the layouts it replayed from (every offset is settled now).
+    let reader = broker(store.clone(), &clock).await;
+    for i in [0, n - 1] {
+        assert!(replay(&reader, offsets[i]).await.unwrap().is_some());
+    }
+    // Garbage collection with no grace at all keeps everything the manifest names. The
+    // first pass compacts the hot segments, the second deletes the ones it replaced.
     let report = maintenance::gc(&b, Duration::ZERO, false).await.unwrap();
     println!("gc: {report:?}");
+    assert!(report.segments_compacted > 0, "{report:?}");
+    clock.advance(1);
+    let report = maintenance::gc(&b, Duration::ZERO, false).await.unwrap();
+    println!("gc: {report:?}");
+    assert!(report.orphans_deleted > 0, "{report:?}");
+    // The reader's kept layout names deleted segments now: reading one it has not cached,
+    // it reads the manifest afresh rather than answer 410.
+    for i in (0..n).rev().step_by(7).take(40) {
+        let got = replay(&reader, offsets[i]).await.unwrap();
+        assert_eq!(
+            got,
+            Some(Bytes::from(format!("m{i}"))),
+            "offset {}",
+            offsets[i]
+        );
+    }
     let after_gc = broker(store.clone(), &clock).await;
     for i in [0, n / 3, n - 1] {
         assert!(replay(&after_gc, offsets[i]).await.unwrap().is_some());

@@ -49,14 +49,11 @@ impl Broker {
         let cutoff = now.saturating_sub(topic.settings.retention_ms);
         let key = keys::manifest(&topic.name, partition);
         let fresh_for = self.opts.topic_cache;
-        let (layout, delivery_count) = match self.views.get(&key, topic, offset, cutoff, fresh_for)
-        {
+        let kept = self.views.get(&key, topic, offset, cutoff, fresh_for);
+        let from_view = kept.is_some();
+        let (layout, delivery_count) = match kept {
             Some(kept) => kept,
-            None => {
-                let m = self.read_manifest(topic, partition).await?;
-                let count = m.leases.get(&offset).map_or(0, |l| l.delivery_count);
-                (self.views.remember(key, topic, &m), count)
-            }
+            None => self.read_layout(topic, partition, offset).await?,
         };
         if offset < layout.start_offset {
             return Err(BrokerError::OffsetExpired(offset));
@@ -64,13 +61,26 @@ impl Broker {
         if offset >= layout.next_offset {
             return Ok(None);
         }
-        let mut found = self
-            .messages(&topic.name, partition, &layout, &[offset], false)
-            .await?;
-        let msg = found
-            .pop()
-            .flatten()
-            .ok_or(BrokerError::OffsetExpired(offset))?;
+        let read = |layout: Arc<Layout>| async move {
+            let mut found = self
+                .messages(&topic.name, partition, &layout, &[offset], false)
+                .await?;
+            Ok::<_, BrokerError>(found.pop().flatten())
+        };
+        let mut msg = read(layout).await?;
+        let mut delivery_count = delivery_count;
+        if msg.is_none() && from_view {
+            // A kept layout may name objects that compaction replaced and garbage
+            // collection deleted since: only a current manifest may say "expired".
+            self.views.forget(&key);
+            let (layout, count) = self.read_layout(topic, partition, offset).await?;
+            delivery_count = count;
+            if offset < layout.start_offset {
+                return Err(BrokerError::OffsetExpired(offset));
+            }
+            msg = read(layout).await?;
+        }
+        let msg = msg.ok_or(BrokerError::OffsetExpired(offset))?;
         Ok(Some(Delivery {
             topic: topic.name.clone(),
             partition,
@@ -81,6 +91,22 @@ impl Broker {
             delivery_count,
             produced_at_ms: msg.produced_at_ms,
         }))
+    }
+}
+
+impl Broker {
+    /// Reads the manifest of `partition`, keeps its layout for replays, and answers it
+    /// with the delivery count of `offset`.
+    async fn read_layout(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        offset: u64,
+    ) -> BrokerResult<(Arc<Layout>, u32)> {
+        let m = self.read_manifest(topic, partition).await?;
+        let count = m.leases.get(&offset).map_or(0, |l| l.delivery_count);
+        let key = keys::manifest(&topic.name, partition);
+        Ok((self.views.remember(key, topic, &m), count))
     }
 }
 
