@@ -53,21 +53,21 @@ export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=test AWS_SECRET_
 export AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 run_id="run-$(date +%s)-$$"
 
-step "formatting (cargo fmt --check)" "2 s" cargo fmt --all -- --check
-step "lints (cargo clippy -D warnings)" "1-2 min" cargo clippy --workspace --all-targets -- -D warnings
-step "LocalStack S3 (localstack/start.sh)" "5 s; 1 min the first time" localstack/start.sh
-step "build (workspace, all targets)" "1-2 min" cargo build --workspace --all-targets
+step "formatting (cargo fmt --check)" "1 s" cargo fmt --all -- --check
+step "lints (cargo clippy -D warnings)" "5 s warm; 9 min cold" cargo clippy --workspace --all-targets -- -D warnings
+step "LocalStack S3 (localstack/start.sh)" "2 s; 1 min the first time" localstack/start.sh
+step "build (workspace, all targets)" "5 s warm; 11 min cold" cargo build --workspace --all-targets
 file_suite() { NARAD_TEST_S3="s3://narad-test/$run_id/conformance" tests; }
 s3_suite() { NARAD_TEST_STORE="s3://narad-test/$run_id/http" tests; }
-step "unit tests, store conformance (file, memory, S3), HTTP suite on the file store" "2 min" file_suite
-step "the same tests with the HTTP suite on S3 (LocalStack)" "3 min" s3_suite
+step "unit tests, store conformance (file, memory, S3), HTTP suite on the file store" "1 min" file_suite
+step "the same tests with the HTTP suite on S3 (LocalStack)" "70 s" s3_suite
 
 # The narad-api function, built by cargo-lambda and run by its Lambda runtime emulator
 # (up to 8 instances, each a separate process sharing the bucket prefix), gets the whole
 # HTTP suite. Tests share that one function, so they run one at a time; each starts by
 # deleting every topic. Time is driven through NARAD_TEST_CLOCK_FILE.
 tools_bin="$PWD/.tools/venv/bin"
-step "Lambda tools (cargo-lambda, zig, cfn-lint)" "5 s; 1 min the first time" functions/lambda-watch.sh tools
+step "Lambda tools (cargo-lambda, zig, cfn-lint)" "1 s; 30 s the first time" functions/lambda-watch.sh tools
 lambda_build() {
     # The deployable build: arm64, cross-compiled with Zig. It needs Rust's aarch64 standard
     # library (cargo-lambda adds it to the rustup toolchain); where that cannot be had, the
@@ -82,7 +82,7 @@ lambda_build() {
         printf '%s release %s binary: %s bytes\n' "$f" "$arch" "$(stat -c %s "target/lambda/$f/bootstrap")"
     done
 }
-step "Lambda build (cargo lambda build --release)" "4 min; 8 min the first time" lambda_build
+step "Lambda build (cargo lambda build --release)" "2 s warm; 7 min cold" lambda_build
 lambda_suite() {
     LAMBDA_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     export LAMBDA_PORT
@@ -104,8 +104,8 @@ ENV
     functions/lambda-watch.sh stop
     return $rc
 }
-step "Lambda runtime (cargo lambda watch) on S3" "3 min" lambda_suite
-step "SAM template (cfn-lint infra/template.yaml)" "10 s" "$tools_bin/cfn-lint" infra/template.yaml
+step "Lambda runtime (cargo lambda watch) on S3" "1.5 min" lambda_suite
+step "SAM template (cfn-lint infra/template.yaml)" "3 s" "$tools_bin/cfn-lint" infra/template.yaml
 
 printf '\n== summary\n'
 for i in "${!names[@]}"; do
@@ -114,4 +114,7 @@ done
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
      END { printf "tests: %d passed, %d failed", p, f }' "$results"
 printf '; steps: %d of %d failed; total %d s\n' "$failed" "${#names[@]}" "$SECONDS"
+for i in "${!names[@]}"; do
+    [[ "${outcomes[$i]}" == ok ]] || printf 'failed step: %s\n' "${names[$i]}"
+done
 [[ $failed -eq 0 ]]
