@@ -52,13 +52,14 @@ pub(in crate::http) async fn create(
     Ok((status, Json(TopicView::new(topic, None))).into_response())
 }
 
-/// `GET /v1/topics/{topic}`: settings and per-partition stats.
+/// `GET /v1/topics/{topic}`: settings and per-partition stats. Read from the store, not
+/// the per-process cache: an admin read sees every change another process made before it.
 pub(in crate::http) async fn get(
     State(s): State<AppState>,
     path: TopicPath,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
-    let topic = s.broker.topic(&name).await?;
+    let topic = s.broker.load_topic(&name).await?;
     let stats = s.broker.partition_stats(&topic).await?;
     Ok(Json(TopicView::new(topic, Some(stats))).into_response())
 }
