@@ -12,6 +12,7 @@
 //! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
 //! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
 //! | `NARAD_COMMIT_LINGER_MS` | 2 | how long a group commit waits for more operations to join |
+//! | `NARAD_STORE_LATENCY_MS` | 0 | **benchmarks only**: adds this many milliseconds to every storage request, to measure a local store with a remote store's round-trip time |
 //! | `NARAD_TEST_CLOCK_FILE` | (unset) | **tests only**: read "now" (ms since the epoch) from this file on every clock read, so a test can move an external server's time |
 //!
 //! Errors name the variable at fault.
@@ -93,6 +94,9 @@ pub struct Config {
     pub receipt_keys: Vec<Vec<u8>>,
     /// Broker limits.
     pub broker: BrokerOptions,
+    /// Benchmark emulation only: latency added to every storage request
+    /// (`NARAD_STORE_LATENCY_MS`, 0 to 5000; default 0, none).
+    pub store_latency: Duration,
     /// Test only: the file [`Config::clock`] reads the time from (`NARAD_TEST_CLOCK_FILE`).
     /// Never set it in production.
     pub test_clock_file: Option<PathBuf>,
@@ -143,6 +147,13 @@ impl Config {
             auth,
             receipt_keys,
             broker: broker_options(&get)?,
+            store_latency: Duration::from_millis(bounded(
+                &get,
+                "NARAD_STORE_LATENCY_MS",
+                0,
+                0,
+                5000,
+            )?),
             test_clock_file: get("NARAD_TEST_CLOCK_FILE")
                 .filter(|p| !p.trim().is_empty())
                 .map(PathBuf::from),
@@ -150,25 +161,34 @@ impl Config {
     }
 }
 
+/// The whole number in `var`, or `default` when unset; refused outside `lo..=hi`.
+fn bounded(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    default: u64,
+    lo: u64,
+    hi: u64,
+) -> Result<u64, ConfigError> {
+    let Some(v) = get(var) else {
+        return Ok(default);
+    };
+    let n: u64 = v.trim().parse().map_err(|_| ConfigError {
+        var,
+        message: format!("expected a whole number, got {v:?}"),
+    })?;
+    if n < lo || n > hi {
+        return Err(ConfigError {
+            var,
+            message: format!("must be between {lo} and {hi}, got {n}"),
+        });
+    }
+    Ok(n)
+}
+
 /// The broker limits from the `NARAD_*` variables, each within its range.
 fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions, ConfigError> {
     let defaults = BrokerOptions::default();
-    let num = |var: &'static str, default: u64, lo: u64, hi: u64| -> Result<u64, ConfigError> {
-        let Some(v) = get(var) else {
-            return Ok(default);
-        };
-        let n: u64 = v.trim().parse().map_err(|_| ConfigError {
-            var,
-            message: format!("expected a whole number, got {v:?}"),
-        })?;
-        if n < lo || n > hi {
-            return Err(ConfigError {
-                var,
-                message: format!("must be between {lo} and {hi}, got {n}"),
-            });
-        }
-        Ok(n)
-    };
+    let num = |var, default, lo, hi| bounded(get, var, default, lo, hi);
     let ms = |var, default: Duration, lo, hi| {
         num(var, default.as_millis() as u64, lo, hi).map(Duration::from_millis)
     };

@@ -125,7 +125,7 @@ impl Broker {
     /// Errors: the store's startup failure (missing bucket, no credentials, no
     /// conditional writes) as [`BrokerError::Store`].
     pub async fn from_config(cfg: &Config) -> BrokerResult<Self> {
-        let store = crate::store::open(&cfg.store).await?;
+        let store = crate::store::open_with_latency(&cfg.store, cfg.store_latency).await?;
         Self::new(
             store,
             cfg.clock(),

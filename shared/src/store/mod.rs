@@ -25,6 +25,7 @@
 //! Every backend must pass `testing::conformance::run_all` (behind the `testing` feature).
 
 pub mod file;
+pub mod latency;
 pub mod memory;
 pub mod metered;
 pub mod s3;
@@ -200,6 +201,16 @@ pub async fn open(url: &str) -> StoreResult<DynStore> {
             "unknown store URL {url:?}: expected file://PATH, memory:// or s3://BUCKET[/PREFIX]"
         )))
     }
+}
+
+/// [`open`], with `latency` added to every request when it is not zero (benchmark
+/// emulation of a remote store, `NARAD_STORE_LATENCY_MS`).
+pub async fn open_with_latency(url: &str, latency: std::time::Duration) -> StoreResult<DynStore> {
+    let store = open(url).await?;
+    if latency.is_zero() {
+        return Ok(store);
+    }
+    Ok(Arc::new(latency::LatencyStore::new(store, latency)))
 }
 
 /// The ETag a content-addressed backend gives `data`: hex SHA-256, like S3's MD5 ETags

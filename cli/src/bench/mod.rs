@@ -2,8 +2,10 @@
 //! storage requests each message costs.
 //!
 //! The server runs in this process (the same router as `narad serve`) on 127.0.0.1, on
-//! the store given by `--store`; the broker counts every storage request. Clients are
-//! real HTTP connections (`--connections`), each sending `--batch` messages per request.
+//! the store given by `--store`, or with `--processes K` as K separate `narad serve`
+//! processes on that store (the deployed shape: many instances on one bucket). Storage
+//! requests are summed from every server's `/metrics`. Clients are real HTTP connections
+//! (`--connections` per server), each sending `--batch` messages per request.
 //! Phases run one after another so each one's storage requests are attributed to it:
 //! produce N messages, then consume+ack N (or, with `--split`, consume N then ack N).
 //! Before them the store's own serial compare-and-swap rate is measured, so every
@@ -18,12 +20,14 @@ use bytes::Bytes;
 use narad_shared::broker::Broker;
 use narad_shared::clock::{IdSource, RandomIds, SystemClock};
 use narad_shared::config::{Config, Credential};
-use narad_shared::http;
 use narad_shared::store::metered::{Counts, MeteredStore};
+
+mod servers;
 use narad_shared::store::{self, DynStore, StoreError};
 use serde_json::{json, Value};
+use servers::Servers;
 
-/// S3 Standard prices, dollars per request.
+/// S3 Standard prices, dollars per request (LIST is billed as a PUT).
 const PUT_PRICE: f64 = 0.005 / 1000.0;
 const GET_PRICE: f64 = 0.0004 / 1000.0;
 
@@ -36,9 +40,13 @@ pub struct BenchArgs {
     /// Messages per phase.
     #[arg(long, default_value_t = 500)]
     pub messages: usize,
-    /// Concurrent HTTP clients.
+    /// Concurrent HTTP clients (per server process with `--processes`).
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
+    /// Separate `narad serve` processes on the store, each driven by `--connections`
+    /// clients; 0 runs one server inside the bench process.
+    #[arg(long, default_value_t = 0)]
+    pub processes: usize,
     /// Partitions of the benchmark topic.
     #[arg(long, default_value_t = 1)]
     pub partitions: u32,
@@ -64,6 +72,7 @@ struct Phase {
     elapsed: Duration,
     latencies: Vec<Duration>,
     counts: Counts,
+    ops_per_commit: f64,
     errors: usize,
 }
 
@@ -71,32 +80,26 @@ type Handles = Arc<Mutex<Vec<String>>>;
 
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
-    let inner = store::open(&args.store)
+    let inner = store::open_with_latency(&args.store, cfg.store_latency)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", args.store))?;
     let metered = MeteredStore::new(inner.clone());
     let store: DynStore = metered.clone();
     let cas_rate = serial_cas_rate(&store, args.cas_ops).await?;
+    let put_rate = concurrent_put_rate(&store, 8, Duration::from_secs(2)).await?;
 
-    let broker = broker_on(store.clone(), &cfg).await?;
     let users = [Credential {
         user: "bench".into(),
         password: "bench".into(),
     }];
-    let app = http::router(Arc::new(broker), &users);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let base = format!(
-        "http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-
+    let servers = if args.processes == 0 {
+        Servers::in_process(broker_on(store.clone(), &cfg).await?, &users).await?
+    } else {
+        Servers::processes(args.processes, &args.store, "bench:bench").await?
+    };
+    let workers = args.connections.max(1) * servers.bases.len();
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.connections)
+        .pool_max_idle_per_host(workers)
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| e.to_string())?;
@@ -107,12 +110,17 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "max_in_flight_per_partition": 10_000,
         "max_acked_ahead_per_partition": 10_000,
     });
-    let c = Client {
-        http,
-        base: base.clone(),
-        topic: topic.clone(),
-        batch: args.batch.max(1),
-    };
+    let clients: Vec<Client> = servers
+        .bases
+        .iter()
+        .map(|base| Client {
+            http: http.clone(),
+            base: base.clone(),
+            topic: topic.clone(),
+            batch: args.batch.max(1),
+        })
+        .collect();
+    let c = clients[0].clone();
     let r = c
         .send(
             reqwest::Method::PUT,
@@ -132,23 +140,25 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let sizes = ManifestSizes::new(inner.clone(), &topic, args.partitions);
     let mut replay_probe = None;
     let mut phases = Vec::new();
+    let clients = Arc::new(clients);
+    let pick = move |w: usize| clients[w % clients.len()].clone();
     phases.push(
-        phase("produce", &metered, &args, {
-            let (c, payload) = (c.clone(), payload.clone());
-            move |n| {
-                let (c, payload) = (c.clone(), payload.clone());
+        phase("produce", &servers, workers, &args, {
+            let (pick, payload) = (pick.clone(), payload.clone());
+            move |w, n| {
+                let (c, payload) = (pick(w), payload.clone());
                 async move { c.produce(&payload, n).await }
             }
         })
-        .await,
+        .await?,
     );
     if args.split {
         let handles: Handles = Arc::default();
         phases.push(
-            phase("consume", &metered, &args, {
-                let (c, handles) = (c.clone(), handles.clone());
-                move |n| {
-                    let (c, handles) = (c.clone(), handles.clone());
+            phase("consume", &servers, workers, &args, {
+                let (pick, handles) = (pick.clone(), handles.clone());
+                move |w, n| {
+                    let (c, handles) = (pick(w), handles.clone());
                     async move {
                         let got = c.consume(n).await?;
                         let k = got.len();
@@ -160,13 +170,13 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                     }
                 }
             })
-            .await,
+            .await?,
         );
         phases.push(
-            phase("ack", &metered, &args, {
-                let (c, handles) = (c.clone(), handles.clone());
-                move |n| {
-                    let (c, handles) = (c.clone(), handles.clone());
+            phase("ack", &servers, workers, &args, {
+                let (pick, handles) = (pick.clone(), handles.clone());
+                move |w, n| {
+                    let (c, handles) = (pick(w), handles.clone());
                     async move {
                         let mine: Vec<String> = {
                             let mut h = handles.lock().unwrap_or_else(|p| p.into_inner());
@@ -177,24 +187,24 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                     }
                 }
             })
-            .await,
+            .await?,
         );
     } else {
         sizes.record().await;
         replay_probe = Some(replay_cost(&inner, &cfg, &topic).await?);
         let sampler = sizes.sample_every(Duration::from_millis(200));
         phases.push(
-            phase("consume+ack", &metered, &args, {
-                let c = c.clone();
-                move |n| {
-                    let c = c.clone();
+            phase("consume+ack", &servers, workers, &args, {
+                let pick = pick.clone();
+                move |w, n| {
+                    let c = pick(w);
                     async move {
                         let got = c.consume(n).await?;
                         c.ack(&got).await
                     }
                 }
             })
-            .await,
+            .await?,
         );
         sampler.abort();
     }
@@ -206,21 +216,29 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             String::new(),
         )
         .await;
-    server.abort();
+    servers.stop().await;
 
     println!(
-        "narad bench: store {} | {} messages of {} bytes | {} connection(s) | batch {} | {} partition(s)",
+        "narad bench: store {} | {} messages of {} bytes | {} | batch {} | {} partition(s)",
         store.describe(),
         args.messages,
         payload.len(),
-        args.connections,
+        if args.processes == 0 {
+            format!("{} connection(s)", args.connections)
+        } else {
+            format!(
+                "{} narad serve processes x {} connection(s)",
+                args.processes, args.connections
+            )
+        },
         args.batch.max(1),
         args.partitions
     );
     println!("store serial CAS rate: {cas_rate:.1} commits/s (one writer: GET + conditional PUT per commit)");
+    println!("store request capacity: {put_rate:.1} PUT/s (8 concurrent writers of small new objects, from this process)");
     println!();
     println!(
-        "{:<12} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9}",
+        "{:<12} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>8} {:>10}",
         "phase",
         "msgs/s",
         "xCAS",
@@ -231,7 +249,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "412/msg",
         "req/msg",
         "errors",
-        "$/M msgs"
+        "$/M msgs",
+        "LIST/msg",
+        "ops/commit"
     );
     let mut total = Counts::default();
     for p in &phases {
@@ -243,7 +263,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         }
     }
     let n = args.messages.max(1) as f64;
-    let dollars = (total.puts() as f64 * PUT_PRICE + total.gets() as f64 * GET_PRICE) / n * 1e6;
+    let dollars = ((total.puts() + total.op("list")) as f64 * PUT_PRICE
+        + total.gets() as f64 * GET_PRICE)
+        / n
+        * 1e6;
     println!();
     println!(
         "end to end (produce + consume + ack): {:.3} PUT/msg, {:.3} GET/msg, {:.3} failed PUT/msg, {:.3} requests/msg, ${dollars:.2} per million messages at S3 Standard prices",
@@ -279,10 +302,12 @@ fn print_phase(p: &Phase, cas_rate: f64) {
     };
     let rate = p.messages as f64 / p.elapsed.as_secs_f64().max(1e-9);
     let n = p.messages.max(1) as f64;
-    let dollars =
-        (p.counts.puts() as f64 * PUT_PRICE + p.counts.gets() as f64 * GET_PRICE) / n * 1e6;
+    let dollars = ((p.counts.puts() + p.counts.op("list")) as f64 * PUT_PRICE
+        + p.counts.gets() as f64 * GET_PRICE)
+        / n
+        * 1e6;
     println!(
-        "{:<12} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.2}",
+        "{:<12} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.2} {:>8.3} {:>10.2}",
         p.name,
         rate,
         rate / cas_rate.max(1e-9),
@@ -293,30 +318,34 @@ fn print_phase(p: &Phase, cas_rate: f64) {
         p.counts.failed_puts() as f64 / n,
         p.counts.total() as f64 / n,
         p.errors,
-        dollars
+        dollars,
+        p.counts.op("list") as f64 / n,
+        p.ops_per_commit
     );
 }
 
-/// Runs requests over `connections` workers until `messages` messages are done; `op(n)`
-/// handles up to `n` messages and returns how many it did. Latency is per request.
+/// Runs requests over `workers` workers until `messages` messages are done; `op(w, n)`
+/// is worker `w` handling up to `n` messages, returning how many it did. Latency is per
+/// request; storage requests and commits are summed over every server.
 async fn phase<F, Fut>(
     name: &'static str,
-    metered: &Arc<MeteredStore>,
+    servers: &Servers,
+    workers: usize,
     args: &BenchArgs,
     op: F,
-) -> Phase
+) -> Result<Phase, String>
 where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<usize, String>> + Send,
 {
-    let before = metered.counts();
+    let before = servers.snapshot().await?;
     let done = Arc::new(AtomicUsize::new(0));
     let claimed = Arc::new(AtomicUsize::new(0));
     let op = Arc::new(op);
     let batch = args.batch.max(1);
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..args.connections.max(1) {
+    for w in 0..workers {
         let (done, claimed, op, total) = (done.clone(), claimed.clone(), op.clone(), args.messages);
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -332,7 +361,7 @@ where
                 while got < want && tries < 1000 {
                     tries += 1;
                     let t = Instant::now();
-                    match op(want - got).await {
+                    match op(w, want - got).await {
                         Ok(k) => got += k,
                         Err(_) => errors += 1,
                     }
@@ -353,14 +382,20 @@ where
     }
     let elapsed = start.elapsed();
     let messages = done.load(Ordering::Relaxed);
-    Phase {
+    let used = servers.snapshot().await?.since(&before);
+    Ok(Phase {
         name,
         messages,
         elapsed,
         latencies,
-        counts: metered.counts().since(&before),
+        counts: used.counts,
+        ops_per_commit: if used.commits > 0.0 {
+            used.committed_ops / used.commits
+        } else {
+            0.0
+        },
         errors,
-    }
+    })
 }
 
 /// Commits per second one writer gets from the store: read + conditional PUT, serially.
@@ -386,6 +421,45 @@ async fn serial_cas_rate(store: &DynStore, ops: usize) -> Result<f64, String> {
     }
     let rate = ops as f64 / start.elapsed().as_secs_f64().max(1e-9);
     let _ = store.delete(&key).await;
+    Ok(rate)
+}
+
+/// PUTs per second the store absorbs from `writers` concurrent writers of small new
+/// objects: the ceiling on requests per second every server together can spend.
+async fn concurrent_put_rate(
+    store: &DynStore,
+    writers: usize,
+    period: Duration,
+) -> Result<f64, String> {
+    let prefix = format!("bench/capacity-{}", RandomIds.new_id());
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (store, prefix) = (store.clone(), prefix.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut keys = Vec::new();
+            while start.elapsed() < period {
+                let key = format!("{prefix}/{w}-{}", keys.len());
+                if store
+                    .put_if_absent(&key, Bytes::from_static(&[b'x'; 100]))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                keys.push(key);
+            }
+            keys
+        }));
+    }
+    let mut keys = Vec::new();
+    for t in tasks {
+        keys.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let rate = keys.len() as f64 / start.elapsed().as_secs_f64().max(1e-9);
+    for k in keys {
+        let _ = store.delete(&k).await;
+    }
     Ok(rate)
 }
 

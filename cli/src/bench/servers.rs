@@ -1,0 +1,203 @@
+//! The servers a benchmark drives: one inside the bench process, or K separate
+//! `narad serve` processes on the same store (the shape users deploy: many stateless
+//! instances on one bucket). Either way the storage requests are read from each server's
+//! `/metrics`, so a phase's counts are the sum over every process.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_shared::broker::Broker;
+use narad_shared::config::Credential;
+use narad_shared::http;
+use narad_shared::store::metered::{Counts, OPS, OUTCOMES};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// What a phase's storage requests and commits add up to, over every server.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Snapshot {
+    pub counts: Counts,
+    pub commits: f64,
+    pub committed_ops: f64,
+}
+
+impl Snapshot {
+    /// `self - earlier`.
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        Snapshot {
+            counts: self.counts.since(&earlier.counts),
+            commits: self.commits - earlier.commits,
+            committed_ops: self.committed_ops - earlier.committed_ops,
+        }
+    }
+
+    fn add(&mut self, other: &Snapshot) {
+        for i in 0..OPS.len() {
+            for j in 0..OUTCOMES.len() {
+                self.counts.0[i][j] += other.counts.0[i][j];
+            }
+        }
+        self.commits += other.commits;
+        self.committed_ops += other.committed_ops;
+    }
+}
+
+/// Reads a `/metrics` text back into counts (the format of `Broker::metrics_text`).
+fn parse_metrics(text: &str) -> Snapshot {
+    let mut s = Snapshot::default();
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(v) = value.parse::<f64>() else {
+            continue;
+        };
+        if let Some(labels) = name.strip_prefix("narad_storage_requests_total{") {
+            let field = |k: &str| {
+                labels
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(k))
+                    .map(|x| x.trim_matches(|c| c == '"' || c == '}' || c == '='))
+            };
+            let (Some(op), Some(outcome)) = (field("op"), field("outcome")) else {
+                continue;
+            };
+            if let (Some(i), Some(j)) = (
+                OPS.iter().position(|o| *o == op),
+                OUTCOMES.iter().position(|o| *o == outcome),
+            ) {
+                s.counts.0[i][j] = v as u64;
+            }
+        } else if name == "narad_commits_total" {
+            s.commits = v;
+        } else if name == "narad_committed_operations_total" {
+            s.committed_ops = v;
+        }
+    }
+    s
+}
+
+/// The servers under test.
+pub struct Servers {
+    /// Base URLs, one per server.
+    pub bases: Vec<String>,
+    local: Option<(Arc<Broker>, tokio::task::JoinHandle<()>)>,
+    children: Vec<Child>,
+    http: reqwest::Client,
+}
+
+impl Servers {
+    /// One server inside this process, on `broker`.
+    pub async fn in_process(broker: Broker, users: &[Credential]) -> Result<Self, String> {
+        let broker = Arc::new(broker);
+        let app = http::router(broker.clone(), users);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let base = format!(
+            "http://{}",
+            listener.local_addr().map_err(|e| e.to_string())?
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            bases: vec![base],
+            local: Some((broker, task)),
+            children: Vec::new(),
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// `k` separate `narad serve` processes (this executable) on `store`, each on its own
+    /// loopback port, authenticating `user:password`. Killed when dropped.
+    pub async fn processes(k: usize, store: &str, auth: &str) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut children = Vec::new();
+        let mut bases = Vec::new();
+        for _ in 0..k {
+            let mut child = Command::new(&exe)
+                .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
+                .env("NARAD_AUTH", auth)
+                .env("NARAD_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("cannot start narad serve: {e}"))?;
+            let out = child.stdout.take().ok_or("no stdout")?;
+            let mut lines = BufReader::new(out).lines();
+            let base = tokio::time::timeout(Duration::from_secs(60), async {
+                while let Ok(Some(l)) = lines.next_line().await {
+                    if let Some(rest) = l.strip_prefix("narad: serving ") {
+                        return rest.split_whitespace().next().map(str::to_owned);
+                    }
+                }
+                None
+            })
+            .await
+            .ok()
+            .flatten()
+            .ok_or("narad serve did not report its address")?;
+            // Keep draining stdout so the child never blocks on a full pipe.
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            children.push(child);
+            bases.push(base);
+        }
+        Ok(Self {
+            bases,
+            local: None,
+            children,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// Storage requests and commits so far, summed over every server.
+    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+        if let Some((broker, _)) = &self.local {
+            return Ok(parse_metrics(&broker.metrics_text()));
+        }
+        let mut total = Snapshot::default();
+        for b in &self.bases {
+            let text = self
+                .http
+                .get(format!("{b}/metrics"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            total.add(&parse_metrics(&text));
+        }
+        Ok(total)
+    }
+
+    /// Stops every server.
+    pub async fn stop(mut self) {
+        if let Some((_, task)) = self.local.take() {
+            task.abort();
+        }
+        for c in &mut self.children {
+            let _ = c.kill().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_round_trip() {
+        let text = "narad_storage_requests_total{op=\"get\",outcome=\"ok\"} 7\n\
+                    narad_storage_requests_total{op=\"put_if_match\",outcome=\"conflict\"} 3\n\
+                    # TYPE narad_commits_total counter\nnarad_commits_total 5\n\
+                    narad_committed_operations_total 12\n";
+        let s = parse_metrics(text);
+        assert_eq!(s.counts.of("get", "ok"), 7);
+        assert_eq!(s.counts.failed_puts(), 3);
+        assert_eq!((s.commits, s.committed_ops), (5.0, 12.0));
+    }
+}
