@@ -172,9 +172,10 @@ pub trait Change<S> {
     /// The change's own refusal.
     type Error;
 
-    /// Runs before every attempt with the state the attempt starts from; may do I/O
-    /// the change depends on. It cannot fail: it records what it needs for `apply`.
-    fn prepare(&mut self, _state: &S) -> impl Future<Output = ()> + Send {
+    /// Runs before every attempt with the snapshot the attempt starts from (its ETag is
+    /// `None` when no object exists yet); may do I/O the change depends on. It cannot
+    /// fail: it records what it needs for `apply`.
+    fn prepare(&mut self, _snap: &Snapshot<S>) -> impl Future<Output = ()> + Send {
         async {}
     }
 
@@ -309,7 +310,7 @@ impl<'a, S: Stored> Cell<'a, S> {
             None => (self.read().await?, true),
         };
         for attempt in 0..MAX_ATTEMPTS {
-            change.prepare(&snap.value).await;
+            change.prepare(&snap).await;
             let mut next = snap.value.clone();
             next.next_write();
             let value = match change.apply(&mut next).map_err(CasError::Rejected)? {

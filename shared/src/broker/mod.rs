@@ -99,6 +99,7 @@ impl Broker {
             clock.clone(),
             caches,
             opts.commit_linger,
+            opts.topic_cache,
         ));
         Ok(Self {
             store,

@@ -9,10 +9,15 @@
 //! left to garbage collection. `apply` is then the pure
 //! [`crate::partition::batch::apply`].
 //!
-//! The segment write first re-checks the topic record (a conditional GET, 304 when
-//! unchanged) so that nothing is committed into a topic that was deleted and created
-//! again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
-//! retries them against the current topic. A segment older than
+//! A segment write first re-checks the topic record (a conditional GET, 304 when
+//! unchanged) when the manifest does not exist yet, so that no partition of a topic that
+//! was deleted (and perhaps created again) is brought back: such produces fail with
+//! [`BrokerError::StaleTopic`] and the broker retries them against the current topic. An
+//! existing manifest cannot be resurrected this way (a deleted one reads as absent, a
+//! re-created topic's as [`crate::cas::CasError::Superseded`]), so there the check runs at
+//! most once per topic-cache period (default 1 s) per partition and process: a produce
+//! that races a topic deletion within that period may be answered 201 and then deleted
+//! with the topic (docs/decisions.md). A segment older than
 //! [`super::MAX_SEGMENT_AGE_AT_COMMIT_MS`] is never committed.
 
 use std::collections::HashMap;
@@ -23,7 +28,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::upkeep::Upkeeper;
-use super::{Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -146,7 +151,9 @@ impl Change<Manifest> for BatchCommit<'_> {
     type Output = Applied;
     type Error = Infallible;
 
-    async fn prepare(&mut self, state: &Manifest) {
+    async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
+        let state = &snap.value;
+        let created = snap.etag.is_none();
         let produces = &self.batch.produces;
         let spilled = match self
             .committer
@@ -170,7 +177,7 @@ impl Change<Manifest> for BatchCommit<'_> {
                 let messages = plan.new_messages(&self.batch.produces);
                 match self
                     .committer
-                    .write_segment(self.q, &self.topic_etag, messages)
+                    .write_segment(self.q, &self.topic_etag, messages, created)
                     .await
                 {
                     Ok(seg) => self.segment = Some(seg),
@@ -267,27 +274,22 @@ impl Committer {
     }
 
     /// Writes the batch's segment after checking the topic is still the one the
-    /// producers saw.
+    /// producers saw (always when the manifest is about to be `created`, else at most
+    /// once per topic-check period).
     async fn write_segment(
         &self,
         q: &Queue,
         topic_etag: &str,
         messages: Vec<StoredMessage>,
+        created: bool,
     ) -> BrokerResult<SegmentRef> {
-        let settings_key = keys::topic_settings(&q.topic);
-        match self.store.get_if_changed(&settings_key, topic_etag).await? {
-            Fetched::Unchanged => {}
-            Fetched::Missing => return Err(BrokerError::StaleTopic),
-            Fetched::Object(o) => {
-                // Settings may have changed (PATCH); only a new incarnation is stale.
-                let same = match Option::<TopicRecord>::decode(&o.data, &()) {
-                    Ok(Some(rec)) => rec.incarnation == q.incarnation,
-                    Ok(None) | Err(Invalid::Corrupt(_)) | Err(Invalid::Superseded) => false,
-                };
-                if !same {
-                    return Err(BrokerError::StaleTopic);
-                }
-            }
+        let due = created
+            || lock(&q.state)
+                .topic_checked
+                .is_none_or(|t| t.elapsed() >= self.topic_check);
+        if due {
+            self.check_topic(q, topic_etag).await?;
+            lock(&q.state).topic_checked = Some(tokio::time::Instant::now());
         }
         let last_produced_ms = messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0);
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
@@ -306,5 +308,28 @@ impl Committer {
             last_produced_ms,
             bytes,
         })
+    }
+
+    /// Confirms (a conditional GET, 304 when unchanged) that the topic record is still
+    /// the incarnation this queue writes for.
+    ///
+    /// Errors: [`BrokerError::StaleTopic`] when it was deleted or created again.
+    async fn check_topic(&self, q: &Queue, topic_etag: &str) -> BrokerResult<()> {
+        let settings_key = keys::topic_settings(&q.topic);
+        match self.store.get_if_changed(&settings_key, topic_etag).await? {
+            Fetched::Unchanged => {}
+            Fetched::Missing => return Err(BrokerError::StaleTopic),
+            Fetched::Object(o) => {
+                // Settings may have changed (PATCH); only a new incarnation is stale.
+                let same = match Option::<TopicRecord>::decode(&o.data, &()) {
+                    Ok(Some(rec)) => rec.incarnation == q.incarnation,
+                    Ok(None) | Err(Invalid::Corrupt(_)) | Err(Invalid::Superseded) => false,
+                };
+                if !same {
+                    return Err(BrokerError::StaleTopic);
+                }
+            }
+        }
+        Ok(())
     }
 }
