@@ -56,6 +56,11 @@ impl Store for LatencyStore {
         self.inner.list(prefix).await
     }
 
+    async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.list_after(prefix, after, max).await
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (+{} ms emulated latency per request)",

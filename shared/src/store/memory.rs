@@ -76,6 +76,18 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        use std::ops::Bound;
+        let map = self.objects.lock().await;
+        let from = format!("{prefix}{after}");
+        Ok(map
+            .range((Bound::Excluded(from), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(max)
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+
     fn describe(&self) -> String {
         "memory://".to_owned()
     }

@@ -149,6 +149,12 @@ impl Store for MeteredStore {
         r
     }
 
+    async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let r = self.inner.list_after(prefix, after, max).await;
+        self.record(4, &r);
+        r
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -13,6 +13,7 @@
 //!   [`Fetched::Unchanged`] when the caller's ETag is still current.
 //! * [`Store::delete`]: remove an object; deleting an absent object succeeds.
 //! * [`Store::list`]: every key that starts with a prefix, in lexicographic order.
+//! * [`Store::list_after`]: one page of those keys, after a given key.
 //!
 //! ETags are opaque strings compared for equality only. Identical content may get
 //! the same ETag (as on S3), so callers that need to tell two writes of the same bytes
@@ -178,6 +179,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every key starting with `prefix`, sorted.
     async fn list(&self, prefix: &str) -> StoreResult<Vec<String>>;
+
+    /// At most `max` keys starting with `prefix` that sort after `prefix` + `after`, in
+    /// order: one page of a strongly consistent listing (`ListObjectsV2` with
+    /// `StartAfter`), so its cost does not grow with the keys before `after`. The default
+    /// filters [`Store::list`].
+    async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let from = format!("{prefix}{after}");
+        let mut keys = self.list(prefix).await?;
+        keys.retain(|k| *k > from);
+        keys.truncate(max);
+        Ok(keys)
+    }
 
     /// A short description for logs and startup messages (never contains secrets).
     fn describe(&self) -> String;

@@ -429,6 +429,33 @@ impl Store for S3Store {
         Ok(keys)
     }
 
+    async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let full_prefix = self.full_key(prefix);
+        let start = self.full_key(&format!("{prefix}{after}"));
+        let max_keys = i32::try_from(max.clamp(1, 1000)).unwrap_or(1000);
+        let page = retry_safe(|| async {
+            self.client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&full_prefix)
+                .start_after(&start)
+                .max_keys(max_keys)
+                .send()
+                .await
+                .map_err(|err| map_err("ListObjectsV2", &full_prefix, err))
+        })
+        .await?;
+        let mut keys: Vec<String> = page
+            .contents()
+            .iter()
+            .filter_map(|o| o.key())
+            .filter_map(|k| k.strip_prefix(&self.prefix).map(str::to_string))
+            .collect();
+        keys.sort();
+        keys.truncate(max);
+        Ok(keys)
+    }
+
     fn describe(&self) -> String {
         let endpoint = self.endpoint.as_deref().unwrap_or("AWS default");
         format!(

@@ -172,6 +172,33 @@ async fn list_by_prefix(s: &dyn Store, p: &str) {
         "list must return every key under the prefix, sorted"
     );
     assert!(s.list(&format!("{p}/nothing/")).await.unwrap().is_empty());
+    list_after_pages(s, p).await;
+}
+
+/// `list_after`: strictly after the given key, in order, at most `max`, only the prefix.
+async fn list_after_pages(s: &dyn Store, p: &str) {
+    let pre = format!("{p}/list/a/");
+    assert_eq!(
+        s.list_after(&pre, "1", 10).await.unwrap(),
+        vec![format!("{p}/list/a/2")],
+        "list_after must start strictly after the key and stay within the prefix"
+    );
+    assert_eq!(
+        s.list_after(&pre, "", 1).await.unwrap(),
+        vec![format!("{p}/list/a/1")],
+        "list_after must return at most max keys, the first ones"
+    );
+    assert!(s.list_after(&pre, "2", 10).await.unwrap().is_empty());
+    assert_eq!(
+        s.list_after(&format!("{p}/list/"), "a/2", 10)
+            .await
+            .unwrap(),
+        vec![
+            format!("{p}/list/ab/3"),
+            format!("{p}/list/b/2"),
+            format!("{p}/list/c")
+        ]
+    );
 }
 
 async fn binary_content_round_trips(s: &dyn Store, p: &str) {
