@@ -258,7 +258,7 @@ impl<'a, S: Stored> Cell<'a, S> {
 
     /// Makes `snap` the current stored state with a conditional read that transfers no
     /// body when nothing changed. Returns `true` if `snap` was already current.
-    async fn refresh<E>(&self, snap: &mut Snapshot<S>) -> Result<bool, CasError<E>> {
+    pub async fn refresh<E>(&self, snap: &mut Snapshot<S>) -> Result<bool, CasError<E>> {
         let fetched = match &snap.etag {
             Some(etag) => self.store.get_if_changed(self.key, etag).await?,
             None => match self.store.get(self.key).await? {

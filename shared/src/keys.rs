@@ -62,6 +62,11 @@ pub fn segment(topic: &str, partition: u32, id: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/{partition}/segments/{id}")
 }
 
+/// `topics/{topic}/{partition}/segments/`: where a partition's segments are listed.
+pub fn segments_prefix(topic: &str, partition: u32) -> String {
+    format!("{TOPICS_PREFIX}{topic}/{partition}/segments/")
+}
+
 /// `topics/{topic}/{partition}/indexes/{id}`: an immutable index object (ids as
 /// [`segment_id`]).
 pub fn index(topic: &str, partition: u32, id: &str) -> String {

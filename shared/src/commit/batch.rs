@@ -27,12 +27,14 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::combine::Head;
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
+use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::produce::Plan;
 use crate::partition::{Layout, Manifest, Rules, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
@@ -73,6 +75,16 @@ impl Replies {
         }
         for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
             let _ = tx.send(Ok(r));
+        }
+    }
+
+    /// Answers a produce-only batch whose segment another process committed at `base`.
+    fn answer_landed(self, batch: &Batch, base: u64) {
+        let mut next = base;
+        for (tx, msgs) in self.produced.into_iter().zip(&batch.produces) {
+            let n = msgs.len() as u64;
+            let _ = tx.send(Ok((next..next + n).collect()));
+            next += n;
         }
     }
 
@@ -145,6 +157,14 @@ struct BatchCommit<'a> {
     spilled: HashMap<String, u64>,
     /// Whether the last `apply` decided to write.
     wrote: bool,
+    /// Whether to list and land other processes' combinable segments (the partition is
+    /// contended and this batch's produces carry no idempotency keys).
+    combining: bool,
+    /// Other processes' combinable segments, listed against manifest version `listed_at`.
+    foreign: Vec<SegmentRef>,
+    listed_at: Option<u64>,
+    /// Attempts so far (more than one: another process wrote meanwhile).
+    attempts: u32,
 }
 
 impl Change<Manifest> for BatchCommit<'_> {
@@ -152,8 +172,10 @@ impl Change<Manifest> for BatchCommit<'_> {
     type Error = Infallible;
 
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
+        self.attempts += 1;
         let state = &snap.value;
         let created = snap.etag.is_none();
+        self.check_own_segment(state);
         let produces = &self.batch.produces;
         let spilled = match self
             .committer
@@ -177,7 +199,13 @@ impl Change<Manifest> for BatchCommit<'_> {
                 let messages = plan.new_messages(&self.batch.produces);
                 match self
                     .committer
-                    .write_segment(self.q, &self.topic_etag, messages, created)
+                    .write_segment(
+                        self.q,
+                        &self.topic_etag,
+                        messages,
+                        created,
+                        combinable(&self.batch).then_some(state.combined_through.as_str()),
+                    )
                     .await
                 {
                     Ok(seg) => self.segment = Some(seg),
@@ -196,6 +224,11 @@ impl Change<Manifest> for BatchCommit<'_> {
             }
         }
         self.plan = Some(plan);
+        if self.combining && self.listed_at != Some(state.version) {
+            let own = self.segment.as_ref().map(|s| s.id.as_str());
+            self.foreign = self.committer.list_combinable(self.q, state, own).await;
+            self.listed_at = Some(state.version);
+        }
         // Upkeep rides on produces only: they are what makes a manifest grow, and a batch
         // of settles or leases may well write nothing.
         if !self.batch.produces.is_empty() {
@@ -216,11 +249,45 @@ impl Change<Manifest> for BatchCommit<'_> {
         let written = Written {
             plan,
             segment: self.segment.as_ref(),
+            foreign: &self.foreign,
             upkeep: &self.upkeeper.upkeep,
         };
         let d = batch::apply(m, self.now, &self.batch, written);
         self.wrote = matches!(d, Decision::Commit(_));
         Ok(d)
+    }
+}
+
+/// True when the batch has produces and none carries an idempotency key: its segment
+/// can be committed by any process ([`crate::partition::combine`]).
+pub(super) fn combinable(batch: &Batch) -> bool {
+    !batch.produces.is_empty()
+        && batch
+            .produces
+            .iter()
+            .flatten()
+            .all(|m| m.idempotency_key.is_none())
+}
+
+impl BatchCommit<'_> {
+    /// If this batch's combinable segment is dead in `state` (it can never land), forgets
+    /// it so that `prepare` writes the messages again under a new id; if its fate can no
+    /// longer be told, refuses the batch (503: the outcome is unknown).
+    fn check_own_segment(&mut self, state: &Manifest) {
+        let Some(seg) = &self.segment else {
+            return;
+        };
+        if Combinable::parse(&seg.id).is_none() {
+            return;
+        }
+        match combine::status(state, &seg.id) {
+            Status::Dead => (self.segment, self.written_for) = (None, None),
+            Status::Unknown => {
+                self.segment = None;
+                self.refused = Some(BrokerError::Contention);
+            }
+            Status::Landed(_) | Status::Pending => {}
+        }
     }
 }
 
@@ -234,6 +301,33 @@ impl Committer {
     ) -> Option<Snapshot<Manifest>> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (batch, replies, topic_etag) = split(pending);
+        let combining = combinable(&batch)
+            && batch.settles.is_empty()
+            && batch.leases.is_empty()
+            && batch.swaps.is_empty()
+            && self.contended(q);
+        let mut head = None;
+        if combining {
+            match self
+                .combine_head(q, &batch, &topic_etag, cache.take())
+                .await
+            {
+                Ok(Head::Landed(base, snap)) => {
+                    replies.answer_landed(&batch, base);
+                    self.wakers.wake(&q.topic);
+                    return Some(snap);
+                }
+                Ok(Head::Commit(h)) => {
+                    cache = Some(h.snap.clone());
+                    head = Some(h);
+                }
+                Ok(Head::Direct(snap)) => cache = snap,
+                Err(e) => {
+                    replies.fail(&e);
+                    return None;
+                }
+            }
+        }
         let mut change = BatchCommit {
             committer: self,
             q,
@@ -247,13 +341,27 @@ impl Committer {
             upkeeper: Upkeeper::default(),
             spilled: HashMap::new(),
             wrote: false,
+            combining,
+            foreign: Vec::new(),
+            listed_at: None,
+            attempts: 0,
         };
+        if let Some(h) = head {
+            change.segment = Some(h.segment);
+            change.written_for = Some(h.plan);
+            change.foreign = h.foreign;
+            change.listed_at = Some(h.snap.value.version);
+        }
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
-        match cell.update_cached(&mut cache, &mut change).await {
+        let result = cell.update_cached(&mut cache, &mut change).await;
+        if change.attempts > 1 {
+            self.mark_contended(q);
+        }
+        match result {
             Ok((mut applied, snap)) => {
                 if change.wrote {
                     self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                    let n = replies.len() as u64;
+                    let n = (replies.len() + applied.landed_foreign) as u64;
                     self.stats.committed_ops.fetch_add(n, Ordering::Relaxed);
                 }
                 let (dropped, wake) = (std::mem::take(&mut applied.dropped), applied.wake);
@@ -276,12 +384,13 @@ impl Committer {
     /// Writes the batch's segment after checking the topic is still the one the
     /// producers saw (always when the manifest is about to be `created`, else at most
     /// once per topic-check period).
-    async fn write_segment(
+    pub(super) async fn write_segment(
         &self,
         q: &Queue,
         topic_etag: &str,
         messages: Vec<StoredMessage>,
         created: bool,
+        combinable_after: Option<&str>,
     ) -> BrokerResult<SegmentRef> {
         let due = created
             || lock(&q.state)
@@ -295,7 +404,12 @@ impl Committer {
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
         let count = messages.len() as u32;
         let seg = Segment { messages };
-        let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
+        let id = match combinable_after {
+            Some(after) => {
+                Combinable::id(self.clock.now_ms(), after, &self.ids.new_id(), count, bytes)
+            }
+            None => keys::segment_id(self.clock.now_ms(), &self.ids.new_id()),
+        };
         // Written before the commit; if the commit never lands this object is an orphan.
         let key = keys::segment(&q.topic, q.partition, &id);
         self.store.put_if_absent(&key, seg.encode()?).await?;

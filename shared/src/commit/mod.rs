@@ -20,6 +20,7 @@
 //! committed (a lease granted to a vanished caller simply lapses).
 
 mod batch;
+mod combine;
 mod upkeep;
 pub mod wake;
 
@@ -120,6 +121,9 @@ struct QueueState {
     last_batch: usize,
     /// When the topic record was last confirmed current before a segment write.
     topic_checked: Option<tokio::time::Instant>,
+    /// Until when this partition counts as contended (another process wrote it while a
+    /// batch of this one was being committed): see [`combine`].
+    contended_until: Option<tokio::time::Instant>,
 }
 
 /// One partition's queue.

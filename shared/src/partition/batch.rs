@@ -2,7 +2,9 @@
 //!
 //! 1. retention (segments past `retention_ms` leave, with their leases and acks), then
 //!    the index upkeep the committer prepared (a fold, a merge; [`super::index`]);
-//! 2. produces, so leases in the same batch can see the new messages;
+//! 2. produces, so leases in the same batch can see the new messages: combinable segments
+//!    (this batch's and other processes' listed ones) land in id order ([`super::combine`]),
+//!    any other segment of this batch is placed after them;
 //! 3. settles, which may free in-flight room for the leases;
 //! 4. leases, lowest available offsets first, one cursor for the whole batch;
 //! 5. compaction swaps.
@@ -10,6 +12,7 @@
 //! [`apply`] is pure: the committer calls it again on every CAS attempt. It answers
 //! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
 
+use super::combine::{self, Combinable, Status};
 use super::compact::{self, Swap};
 use super::dedup::{self, Spill};
 use super::index::{self, Fold, Merge};
@@ -88,6 +91,8 @@ pub struct Applied {
     pub dropped_chunks: Vec<ChunkRef>,
     /// Whether long polls should look again (new messages, or messages given back).
     pub wake: bool,
+    /// Other processes' segments this batch landed.
+    pub landed_foreign: usize,
 }
 
 /// Index upkeep prepared for one attempt: index objects already written.
@@ -102,13 +107,16 @@ pub struct Upkeep {
 }
 
 /// What the batch writes: the produces' plan against `m`, the segment holding its new
-/// messages (`None` if its write was refused), and the index upkeep.
+/// messages (`None` if its write was refused), other processes' combinable segments to
+/// land with it, and the index upkeep.
 #[derive(Debug, Clone, Copy)]
 pub struct Written<'a> {
     /// The produces' plan.
     pub plan: &'a Plan,
     /// The new messages' segment.
     pub segment: Option<&'a SegmentRef>,
+    /// Combinable segments other processes wrote, listed from the store.
+    pub foreign: &'a [SegmentRef],
     /// Index objects written for this attempt.
     pub upkeep: &'a Upkeep,
 }
@@ -118,6 +126,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     let Written {
         plan,
         segment,
+        foreign,
         upkeep,
     } = written;
     let mut out = Applied {
@@ -135,8 +144,10 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     // not worth a write (and a refused settle must change nothing).
     let mut changed = out.dropped != Dropped::default() || out.upkept != (false, false) || spilled;
     let dedup = batch.rules.dedup_window_ms;
-    out.produced = produce::append(m, now, dedup, &batch.produces, plan, segment);
-    if segment.is_some() {
+    let (base, placed, landed_foreign) = place_segments(m, segment, foreign);
+    out.landed_foreign = landed_foreign;
+    out.produced = produce::append(m, now, dedup, &batch.produces, plan, base);
+    if placed {
         changed = true;
         out.wake = true;
     }
@@ -172,12 +183,49 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     }
 }
 
+/// Lands the combinable segments (this batch's, if combinable, and `foreign`) in id
+/// order, then places this batch's segment if it is not combinable. Returns the base
+/// offset of this batch's segment (`None`: none, or it cannot land), whether anything
+/// was added, and how many of `foreign` landed.
+fn place_segments(
+    m: &mut Manifest,
+    segment: Option<&SegmentRef>,
+    foreign: &[SegmentRef],
+) -> (Option<u64>, bool, usize) {
+    let mut landing = foreign.to_vec();
+    let mut base = None;
+    let own = segment.filter(|s| Combinable::parse(&s.id).is_some());
+    if let Some(seg) = own {
+        match combine::status(m, &seg.id) {
+            // Another process committed it already.
+            Status::Landed(b) => base = Some(b),
+            Status::Pending => landing.push(seg.clone()),
+            // The committer writes a dead segment again before it gets here; an unknown
+            // one is answered as such.
+            Status::Dead | Status::Unknown => {}
+        }
+    }
+    let bases = combine::land(m, &landing);
+    let mut placed = bases.iter().any(Option::is_some);
+    let landed_foreign = bases[..foreign.len()].iter().flatten().count();
+    if let Some(seg) = own {
+        if let Some(i) = landing.iter().position(|s| s.id == seg.id) {
+            base = bases[i];
+        }
+    } else if let Some(seg) = segment {
+        base = Some(produce::place(m, seg));
+        placed = true;
+    }
+    (base, placed, landed_foreign)
+}
+
 #[cfg(test)]
 mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::partition::combine::{Combinable, Status};
     use crate::partition::testing::{leased, manifest_with, rules};
     use crate::segment::StoredMessage;
 
@@ -230,7 +278,15 @@ mod tests {
     fn run(m: &mut Manifest, now: u64, batch: &Batch) -> Decision<Applied> {
         let plan = Plan::new(&batch.produces, m, now, &|_| None);
         let n = plan.new_messages(&batch.produces).len() as u32;
-        let seg = (n > 0).then(|| segment(n, now));
+        // Every other step's segment is combinable, landed through `combine`.
+        let seg = (n > 0).then(|| {
+            if now.is_multiple_of(20) {
+                Combinable::parse(&Combinable::id(now, &m.combined_through, "own", n, 1))
+                    .map_or_else(|| segment(n, now), |c| c.to_ref())
+            } else {
+                segment(n, now)
+            }
+        });
         m.version += 1;
         // The committer's upkeep, with the ids it would write.
         let mut after = m.clone();
@@ -249,6 +305,7 @@ mod tests {
         let written = Written {
             plan: &plan,
             segment: seg.as_ref(),
+            foreign: &[],
             upkeep: &upkeep,
         };
         apply(m, now, batch, written)
@@ -440,6 +497,83 @@ mod tests {
                     "seed {seed}"
                 );
             }
+        }
+    }
+
+    /// Writers in many processes write combinable segments; commits land whatever each
+    /// one listed, against states that may be stale. Every segment lands at most once,
+    /// offsets stay contiguous, and a segment found dead never lands afterwards.
+    #[test]
+    fn combined_segments_land_at_most_once() {
+        for seed in 0..50u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut m = Manifest::empty("i");
+            let mut written: Vec<SegmentRef> = Vec::new();
+            let mut landed: std::collections::HashMap<String, u64> = Default::default();
+            let mut dead: std::collections::HashSet<String> = Default::default();
+            let mut old_states = vec![m.clone()];
+            for step in 0..80u64 {
+                let now = 1000 + step;
+                // A writer writes a segment above the cursor of some state it knows.
+                let known = &old_states[rng.gen_range(0..old_states.len())];
+                let count = rng.gen_range(1..4);
+                let id =
+                    Combinable::id(now, &known.combined_through, &format!("w{step}"), count, 1);
+                written.push(Combinable::parse(&id).unwrap().to_ref());
+                if rng.gen_bool(0.5) {
+                    // A commit: its own segment plus what its listing showed.
+                    let own = written[rng.gen_range(0..written.len())].clone();
+                    let listed: Vec<SegmentRef> = written
+                        .iter()
+                        .filter(|s| s.id > m.combined_through && rng.gen_bool(0.7))
+                        .cloned()
+                        .collect();
+                    let produces = vec![produce(own.count as usize)];
+                    let plan = Plan::new(&produces, &m, now, &|_| None);
+                    let mut batch = Batch::new(rules());
+                    batch.produces = produces;
+                    let upkeep = Upkeep::default();
+                    let written_now = Written {
+                        plan: &plan,
+                        segment: Some(&own),
+                        foreign: &listed,
+                        upkeep: &upkeep,
+                    };
+                    m.version += 1;
+                    let before = m.clone();
+                    let a = applied(apply(&mut m, now, &batch, written_now));
+                    check_invariants(&m);
+                    for s in listed.iter().chain(std::iter::once(&own)) {
+                        match combine::status(&m, &s.id) {
+                            Status::Landed(base) => {
+                                if let Some(b) = landed.insert(s.id.clone(), base) {
+                                    assert_eq!(b, base, "seed {seed}: {} landed twice", s.id);
+                                }
+                                assert!(!dead.contains(&s.id), "seed {seed}: dead {} landed", s.id);
+                            }
+                            Status::Dead => {
+                                dead.insert(s.id.clone());
+                            }
+                            Status::Pending | Status::Unknown => {}
+                        }
+                    }
+                    match combine::status(&before, &own.id) {
+                        Status::Dead | Status::Unknown => {
+                            assert_eq!(a.produced, vec![None], "seed {seed}")
+                        }
+                        _ => assert!(a.produced[0].is_some(), "seed {seed}"),
+                    }
+                    old_states.push(m.clone());
+                }
+            }
+            let mut bases: Vec<u64> = landed.values().copied().collect();
+            bases.sort_unstable();
+            bases.dedup();
+            assert_eq!(
+                bases.len(),
+                landed.len(),
+                "seed {seed}: two segments at one offset"
+            );
         }
     }
 }

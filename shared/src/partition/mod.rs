@@ -10,6 +10,7 @@
 //! * [`settle`]: ack, extend, nack a lease;
 //! * [`lease`]: hand out the lowest available offsets, park messages for dead-lettering;
 //! * [`compact`]: swap runs of segments for merged ones;
+//! * [`combine`]: land segments any process may commit, each at most once;
 //! * [`batch`]: one group commit's operations applied in their fixed order.
 //!
 //! Invariants every transition keeps (checked by the tests in [`batch`]):
@@ -28,6 +29,7 @@
 
 pub mod batch;
 pub mod codec;
+pub mod combine;
 pub mod compact;
 pub mod dedup;
 pub mod index;
@@ -78,9 +80,11 @@ impl From<&TopicSettings> for Rules {
     }
 }
 
-/// The manifest format this code writes. Format 1 (no `format` field, no `indexes`) is
-/// read as well and rewritten as format 2 by the next commit.
-pub const MANIFEST_FORMAT: u32 = 2;
+/// The manifest format this code writes. Format 1 (no `format` field, no `indexes`) and
+/// format 2 (no combining fields) are read as well and rewritten as format 3 by the next
+/// commit. A version that reads only format 2 refuses format 3 rather than drop
+/// `combined_through` (which would let a segment land twice).
+pub const MANIFEST_FORMAT: u32 = 3;
 
 fn format_1() -> u32 {
     1
@@ -149,6 +153,15 @@ pub struct Manifest {
     /// Chunk objects holding older remembered keys, oldest first ([`dedup`]).
     #[serde(default)]
     pub dedup_chunks: Vec<ChunkRef>,
+    /// Combinable segment ids at or below this are decided: landed or dead ([`combine`]).
+    #[serde(default)]
+    pub combined_through: String,
+    /// The last combinable segments landed, with their base offsets, oldest first.
+    #[serde(default)]
+    pub landed: VecDeque<(String, u64)>,
+    /// The highest id that left `landed`.
+    #[serde(default)]
+    pub landed_floor: String,
 }
 
 impl Manifest {
@@ -168,6 +181,9 @@ impl Manifest {
             acked_ahead: BTreeSet::new(),
             dedup: BTreeMap::new(),
             dedup_chunks: Vec::new(),
+            combined_through: String::new(),
+            landed: VecDeque::new(),
+            landed_floor: String::new(),
         }
     }
 

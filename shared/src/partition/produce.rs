@@ -107,32 +107,38 @@ impl Plan {
     }
 }
 
-/// Appends the planned produces to `m` at `now`: `segment` (holding the plan's new
-/// messages, in order) gets the next offsets, and new idempotency keys are remembered
-/// for `dedup_window_ms`. Returns each produce's offsets, in order; `None` for a produce
-/// with new messages when there is no segment (its write was refused).
+/// Places `segment` at the next offsets of `m`; returns its base offset.
+pub fn place(m: &mut Manifest, segment: &SegmentRef) -> u64 {
+    let base = m.next_offset;
+    let mut r = segment.clone();
+    r.base_offset = base;
+    m.next_offset += u64::from(segment.count);
+    m.segments.push(r);
+    base
+}
+
+/// Answers the planned produces at `now`, their segment (holding the plan's new messages,
+/// in order) being at `base` (placed by [`place`], or landed by [`super::combine`]); new
+/// idempotency keys are remembered for `dedup_window_ms`. Returns each produce's offsets,
+/// in order; `None` for a produce with new messages when there is no segment (its write
+/// was refused, or its fate is unknown).
 pub fn append(
     m: &mut Manifest,
     now: u64,
     dedup_window_ms: u64,
     produces: &[Vec<NewStored>],
     plan: &Plan,
-    segment: Option<&SegmentRef>,
+    base: Option<u64>,
 ) -> Vec<Option<Vec<u64>>> {
-    let base = m.next_offset;
-    if let Some(seg) = segment {
-        let mut r = seg.clone();
-        r.base_offset = base;
-        m.next_offset += u64::from(seg.count);
-        m.segments.push(r);
-    }
     let mut assigned: HashMap<&str, u64> = HashMap::new();
     let mut out = Vec::with_capacity(produces.len());
     for (i, (msgs, slots)) in produces.iter().zip(&plan.slots).enumerate() {
-        if segment.is_none() && plan.produce_needs_segment(i) {
+        if base.is_none() && plan.produce_needs_segment(i) {
             out.push(None);
             continue;
         }
+        // A produce that needs no segment holds only retries: no `New` slot reads it.
+        let base = base.unwrap_or(0);
         let offsets = msgs.iter().zip(slots).map(|(msg, slot)| match slot {
             Slot::New(j) => {
                 let o = base + *j as u64;
@@ -182,7 +188,8 @@ mod tests {
         let produces = vec![vec![msg(None), msg(None)], vec![msg(None)]];
         let plan = Plan::new(&produces, &m, 0, &none);
         assert_eq!(plan.new_messages(&produces).len(), 3);
-        let got = append(&mut m, 0, 100, &produces, &plan, Some(&seg(3)));
+        let base = place(&mut m, &seg(3));
+        let got = append(&mut m, 0, 100, &produces, &plan, Some(base));
         assert_eq!(got, vec![Some(vec![3, 4]), Some(vec![5])]);
         assert_eq!((m.next_offset, m.segments.len()), (6, 2));
         assert_eq!(m.segments[1].base_offset, 3);
@@ -195,7 +202,8 @@ mod tests {
         let produces = vec![vec![msg(Some("a")), msg(Some("b"))], vec![msg(Some("b"))]];
         let plan = Plan::new(&produces, &m, 10, &none);
         assert_eq!(plan.new_messages(&produces).len(), 1);
-        let got = append(&mut m, 10, 100, &produces, &plan, Some(&seg(1)));
+        let base = place(&mut m, &seg(1));
+        let got = append(&mut m, 10, 100, &produces, &plan, Some(base));
         assert_eq!(got, vec![Some(vec![0, 1]), Some(vec![1])]);
         assert_eq!(m.dedup_lookup("b", 10), Some(1));
         assert_eq!(m.dedup_lookup("b", 110), None, "forgotten after the window");

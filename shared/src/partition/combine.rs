@@ -1,0 +1,202 @@
+//! Combining: segments that any process may commit (docs/design.md §6, "Many
+//! processes on one partition").
+//!
+//! A produce batch without idempotency keys writes its segment under a *combinable* id,
+//! `{ms:013}-{unique}-c{count}-b{bytes}`: the id alone says what the manifest needs to
+//! commit it, so a process that lists the partition's `segments/` prefix can commit
+//! every such segment it sees in one write, without reading them. Many instances
+//! producing to one partition at once then share commits instead of racing.
+//!
+//! Three manifest fields make that safe:
+//! * `combined_through`: every combinable id at or below it is decided, landed or dead.
+//!   Commits only land ids above it, in id order, and raise it to the highest id landed.
+//! * `landed`: the last [`LANDED_KEEP`] combinable segments landed, with their base
+//!   offsets, so the writer of one learns its offsets from the manifest.
+//! * `landed_floor`: the highest id that left `landed`; the fate of an id at or below it
+//!   can no longer be told from the manifest.
+//!
+//! So a segment's [`status`] is [`Status::Landed`], [`Status::Pending`] (it may still land,
+//! by anyone), [`Status::Dead`] (it never will: its writer writes its messages again under a
+//! new id) or [`Status::Unknown`] (its writer waited too long to tell; it answers 503, the
+//! outcome unknown). A segment lands at most once: only ids above `combined_through`
+//! land, and landing raises it past them.
+
+use super::{Manifest, SegmentRef};
+
+/// How many landed combinable segments a manifest remembers.
+pub const LANDED_KEEP: usize = 64;
+
+/// A combinable segment as named by its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Combinable {
+    /// The segment id.
+    pub id: String,
+    /// Messages in the segment.
+    pub count: u32,
+    /// Payload bytes in the segment.
+    pub bytes: u64,
+    /// When it was written (ms since the epoch, the writer's clock).
+    pub written_ms: u64,
+}
+
+impl Combinable {
+    /// The id of a combinable segment written at `now_ms`, or at the time of `after` (the
+    /// `combined_through` the writer knows) when that is later: a writer whose clock is
+    /// behind does not write below the landed ids for as long as its clock lags. Within
+    /// one millisecond ids order by `unique` (time-ordered per process), so an id may still
+    /// sort at or below `after`; it is then dead at once and written again.
+    pub fn id(now_ms: u64, after: &str, unique: &str, count: u32, bytes: u64) -> String {
+        let floor = after
+            .split_once('-')
+            .and_then(|(t, _)| t.parse::<u64>().ok())
+            .unwrap_or(0);
+        let unique: String = unique.chars().filter(|c| *c != '-').collect();
+        format!("{:013}-{unique}-c{count}-b{bytes}", now_ms.max(floor))
+    }
+
+    /// Reads a combinable id; `None` for any other segment id.
+    pub fn parse(id: &str) -> Option<Self> {
+        let (time, rest) = id.split_once('-')?;
+        let (rest, bytes) = rest.rsplit_once("-b")?;
+        let (unique, count) = rest.rsplit_once("-c")?;
+        if time.len() != 13 || unique.is_empty() || unique.contains('-') {
+            return None;
+        }
+        Some(Self {
+            id: id.to_owned(),
+            count: count.parse().ok().filter(|c| *c > 0)?,
+            bytes: bytes.parse().ok()?,
+            written_ms: time.parse().ok()?,
+        })
+    }
+
+    /// The segment ref to land (its base offset is set when it lands).
+    pub fn to_ref(&self) -> SegmentRef {
+        SegmentRef {
+            id: self.id.clone(),
+            base_offset: 0,
+            count: self.count,
+            last_produced_ms: self.written_ms,
+            bytes: self.bytes,
+        }
+    }
+}
+
+/// What a manifest says of a combinable segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Committed, at this base offset.
+    Landed(u64),
+    /// Not committed yet; any commit may land it.
+    Pending,
+    /// Never committed, and never will be.
+    Dead,
+    /// Too old to tell.
+    Unknown,
+}
+
+/// The fate of the combinable segment `id` in `m`.
+pub fn status(m: &Manifest, id: &str) -> Status {
+    if let Some((_, base)) = m.landed.iter().find(|(i, _)| i == id) {
+        return Status::Landed(*base);
+    }
+    if !m.landed_floor.is_empty() && id <= m.landed_floor.as_str() {
+        return Status::Unknown;
+    }
+    if id <= m.combined_through.as_str() {
+        return Status::Dead;
+    }
+    Status::Pending
+}
+
+/// Lands every pending segment of `segs` in id order: each gets the next offsets, is
+/// remembered in `landed`, and `combined_through` rises past it. Returns the base offset
+/// of each segment of `segs` that landed now, in the order of `segs` (`None`: not pending).
+pub fn land(m: &mut Manifest, segs: &[SegmentRef]) -> Vec<Option<u64>> {
+    let mut order: Vec<usize> = (0..segs.len()).collect();
+    order.sort_by(|a, b| segs[*a].id.cmp(&segs[*b].id));
+    let mut out = vec![None; segs.len()];
+    for i in order {
+        let seg = &segs[i];
+        if status(m, &seg.id) != Status::Pending {
+            continue;
+        }
+        let base = m.next_offset;
+        let mut r = seg.clone();
+        r.base_offset = base;
+        m.next_offset += u64::from(seg.count);
+        m.segments.push(r);
+        m.landed.push_back((seg.id.clone(), base));
+        while m.landed.len() > LANDED_KEEP {
+            if let Some((gone, _)) = m.landed.pop_front() {
+                m.landed_floor = gone;
+            }
+        }
+        m.combined_through = seg.id.clone();
+        out[i] = Some(base);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::testing::manifest_with;
+
+    fn seg(t: u64, u: &str, count: u32) -> SegmentRef {
+        Combinable::parse(&Combinable::id(t, "", u, count, 10))
+            .unwrap()
+            .to_ref()
+    }
+
+    #[test]
+    fn ids_round_trip_and_other_ids_are_not_combinable() {
+        let id = Combinable::id(1_700_000_000_000, "", "abc", 3, 42);
+        let c = Combinable::parse(&id).unwrap();
+        assert_eq!((c.count, c.bytes, c.written_ms), (3, 42, 1_700_000_000_000));
+        assert!(Combinable::parse("1700000000000-abc").is_none());
+        assert!(Combinable::parse("1700000000000-abc-c0-b1").is_none());
+        assert!(Combinable::parse("17-abc-c1-b1").is_none());
+    }
+
+    #[test]
+    fn a_lagging_clock_writes_no_earlier_than_what_the_writer_knows() {
+        let later = Combinable::id(5_000, "", "b", 1, 1);
+        assert!(Combinable::id(1_000, &later, "c", 1, 1) > later);
+        assert_eq!(
+            Combinable::parse(&Combinable::id(1_000, &later, "a", 1, 1))
+                .unwrap()
+                .written_ms,
+            5_000
+        );
+    }
+
+    #[test]
+    fn segments_land_once_in_id_order() {
+        let mut m = manifest_with(2);
+        let (a, b, c) = (seg(10, "a", 1), seg(20, "b", 2), seg(30, "c", 3));
+        let got = land(&mut m, &[c.clone(), a.clone()]);
+        assert_eq!(got, vec![Some(3), Some(2)]);
+        assert_eq!(status(&m, &a.id), Status::Landed(2));
+        assert_eq!(status(&m, &c.id), Status::Landed(3));
+        // b sorts below what landed: it can never land now.
+        assert_eq!(status(&m, &b.id), Status::Dead);
+        assert_eq!(land(&mut m, &[a.clone(), b, c]), vec![None, None, None]);
+        assert_eq!(m.next_offset, 6);
+    }
+
+    #[test]
+    fn forgotten_segments_are_unknown_not_dead() {
+        let mut m = manifest_with(0);
+        let first = seg(1, "first", 1);
+        land(&mut m, std::slice::from_ref(&first));
+        for i in 0..LANDED_KEEP as u64 {
+            land(&mut m, &[seg(100 + i, "x", 1)]);
+        }
+        assert_eq!(m.landed.len(), LANDED_KEEP);
+        assert_eq!(status(&m, &first.id), Status::Unknown);
+        assert_eq!(status(&m, &seg(0, "late", 1).id), Status::Unknown);
+        assert_eq!(status(&m, &seg(5, "late", 1).id), Status::Dead);
+        assert_eq!(status(&m, &seg(9_999, "new", 1).id), Status::Pending);
+    }
+}

@@ -1,0 +1,172 @@
+//! Many brokers producing to one partition at once (the shape of classic Lambda: one
+//! request per instance): their segments are combined into shared commits, and nothing is
+//! lost, duplicated or answered falsely, with and without injected storage faults.
+//!
+//! Each broker is a separate `Broker` (its own committer, caches and queues) on one store,
+//! as separate processes would be; every one produces single messages as fast as it can.
+//! Afterwards every offset of the partition is replayed: each successful produce's
+//! payload sits at exactly the offset it was answered with, no payload appears twice, and
+//! no offset is empty. A produce that failed (503) may or may not have landed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use narad_shared::broker::{Broker, NewMessage};
+use narad_shared::clock::{Clock, RandomIds, SystemClock};
+use narad_shared::config::BrokerOptions;
+use narad_shared::settings::SettingsInput;
+use narad_shared::store::latency::LatencyStore;
+use narad_shared::store::memory::MemoryStore;
+use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
+use narad_shared::store::DynStore;
+
+const BROKERS: usize = 6;
+const EACH: usize = 40;
+
+async fn broker(store: DynStore) -> Broker {
+    Broker::new(
+        store,
+        Arc::new(SystemClock) as Arc<dyn Clock>,
+        Arc::new(RandomIds),
+        vec![b"combining-test-receipt-key-0123456789".to_vec()],
+        BrokerOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Commits and committed operations over every broker, from `/metrics`.
+fn commits(brokers: &[Arc<Broker>]) -> (f64, f64) {
+    let mut out = (0.0, 0.0);
+    for b in brokers {
+        for line in b.metrics_text().lines() {
+            let mut it = line.split(' ');
+            match (it.next(), it.next().and_then(|v| v.parse::<f64>().ok())) {
+                (Some("narad_commits_total"), Some(v)) => out.0 += v,
+                (Some("narad_committed_operations_total"), Some(v)) => out.1 += v,
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Runs the workload on `store`; returns (successful produces, failed produces,
+/// operations per commit).
+async fn run(store: DynStore, faulty: Option<&Arc<FaultStore>>) -> (usize, usize, f64) {
+    if let Some(f) = faulty {
+        f.set_enabled(false);
+    }
+    let mut brokers = Vec::new();
+    for _ in 0..BROKERS {
+        brokers.push(Arc::new(broker(store.clone()).await));
+    }
+    let settings = SettingsInput::parse(br#"{"partitions":1}"#).unwrap();
+    brokers[0].create_topic("c", &settings).await.unwrap();
+    if let Some(f) = faulty {
+        f.set_enabled(true);
+    }
+    let mut tasks = Vec::new();
+    for (i, b) in brokers.iter().enumerate() {
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut answered = Vec::new();
+            let mut failed = Vec::new();
+            for j in 0..EACH {
+                let payload = format!("b{i}-m{j}");
+                let msg = NewMessage {
+                    partition: Some(0),
+                    key: None,
+                    payload: Bytes::from(payload.clone()),
+                    idempotency_key: None,
+                };
+                match b.produce("c", msg).await {
+                    Ok(p) => answered.push((payload, p.offset)),
+                    Err(_) => failed.push(payload),
+                }
+            }
+            (answered, failed)
+        }));
+    }
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    for t in tasks {
+        let (a, f) = t.await.unwrap();
+        answered.extend(a);
+        failed.extend(f);
+    }
+    if let Some(f) = faulty {
+        f.set_enabled(false);
+    }
+    let (c, ops) = commits(&brokers);
+
+    // Replay the whole partition through a fresh broker.
+    let reader = broker(store.clone()).await;
+    let t = reader.load_topic("c").await.unwrap();
+    let next = reader.partition_stats(&t).await.unwrap()[0].next_offset;
+    let mut at: HashMap<String, u64> = HashMap::new();
+    for o in 0..next {
+        let d = reader
+            .replay("c", 0, o, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("offset {o} below next_offset {next} holds nothing"));
+        let payload = String::from_utf8(d.payload.to_vec()).unwrap();
+        if let Some(first) = at.insert(payload.clone(), o) {
+            panic!("{payload} sits at offsets {first} and {o}");
+        }
+    }
+    for (payload, offset) in &answered {
+        assert_eq!(
+            at.get(payload),
+            Some(offset),
+            "{payload} was answered with offset {offset}"
+        );
+    }
+    for payload in at.keys() {
+        assert!(
+            answered.iter().any(|(p, _)| p == payload) || failed.contains(payload),
+            "{payload} was never produced"
+        );
+    }
+    (
+        answered.len(),
+        failed.len(),
+        if c > 0.0 { ops / c } else { 0.0 },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_producing_at_once_share_commits_and_lose_nothing() {
+    // A little latency per request, as a remote store has, so that requests overlap.
+    let store: DynStore = Arc::new(LatencyStore::new(
+        Arc::new(MemoryStore::new()),
+        Duration::from_millis(2),
+    ));
+    let (ok, failed, per_commit) = run(store, None).await;
+    println!("{ok} produced, {failed} failed, {per_commit:.2} operations per commit");
+    assert_eq!(failed, 0, "nothing fails on a healthy store");
+    assert!(
+        per_commit > 1.2,
+        "six brokers at once share commits: {per_commit:.2} operations per commit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_producing_at_once_under_faults_lose_nothing_and_duplicate_nothing() {
+    for seed in 0..4u64 {
+        let faulty = FaultStore::new(Arc::new(MemoryStore::new()), FaultPlan::default(), seed);
+        let store: DynStore = faulty.clone();
+        let (ok, failed, per_commit) = run(store, Some(&faulty)).await;
+        println!(
+            "seed {seed}: {ok} produced, {failed} failed, {per_commit:.2} operations per commit"
+        );
+        assert!(
+            ok > BROKERS * EACH / 2,
+            "seed {seed}: most produces succeed"
+        );
+    }
+}
