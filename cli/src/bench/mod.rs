@@ -73,6 +73,8 @@ struct Phase {
     latencies: Vec<Duration>,
     counts: Counts,
     ops_per_commit: f64,
+    /// Combining figures over the phase (see `servers::Snapshot`).
+    combining: (f64, f64, f64, f64, f64),
     errors: usize,
 }
 
@@ -262,6 +264,21 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             }
         }
     }
+    for p in &phases {
+        let (others, rewrites, polls, takeovers, sweeps) = p.combining;
+        if others + rewrites + polls + takeovers + sweeps > 0.0 {
+            let n = p.messages.max(1) as f64;
+            println!(
+                "{}: combining across processes: {:.2} of messages answered from another process's commit, {:.3} segment rewrites/msg, {:.2} manifest polls/msg, {:.3} takeovers/msg, {:.3} sweeps/msg",
+                p.name,
+                others / n,
+                rewrites / n,
+                polls / n,
+                takeovers / n,
+                sweeps / n
+            );
+        }
+    }
     let n = args.messages.max(1) as f64;
     let dollars = ((total.puts() + total.op("list")) as f64 * PUT_PRICE
         + total.gets() as f64 * GET_PRICE)
@@ -389,6 +406,13 @@ where
         elapsed,
         latencies,
         counts: used.counts,
+        combining: (
+            used.by_others,
+            used.rewrites,
+            used.polls,
+            used.takeovers,
+            used.sweeps,
+        ),
         ops_per_commit: if used.commits > 0.0 {
             used.committed_ops / used.commits
         } else {

@@ -20,6 +20,13 @@ pub struct Snapshot {
     pub counts: Counts,
     pub commits: f64,
     pub committed_ops: f64,
+    /// Combining: batches answered from another process's commit, segments written
+    /// again, manifest reads of waiting writers.
+    pub by_others: f64,
+    pub rewrites: f64,
+    pub polls: f64,
+    pub takeovers: f64,
+    pub sweeps: f64,
 }
 
 impl Snapshot {
@@ -29,6 +36,11 @@ impl Snapshot {
             counts: self.counts.since(&earlier.counts),
             commits: self.commits - earlier.commits,
             committed_ops: self.committed_ops - earlier.committed_ops,
+            by_others: self.by_others - earlier.by_others,
+            rewrites: self.rewrites - earlier.rewrites,
+            polls: self.polls - earlier.polls,
+            takeovers: self.takeovers - earlier.takeovers,
+            sweeps: self.sweeps - earlier.sweeps,
         }
     }
 
@@ -40,6 +52,11 @@ impl Snapshot {
         }
         self.commits += other.commits;
         self.committed_ops += other.committed_ops;
+        self.by_others += other.by_others;
+        self.rewrites += other.rewrites;
+        self.polls += other.polls;
+        self.takeovers += other.takeovers;
+        self.sweeps += other.sweeps;
     }
 }
 
@@ -73,6 +90,16 @@ fn parse_metrics(text: &str) -> Snapshot {
             s.commits = v;
         } else if name == "narad_committed_operations_total" {
             s.committed_ops = v;
+        } else if name == "narad_combined_by_others_total" {
+            s.by_others = v;
+        } else if name == "narad_combining_rewrites_total" {
+            s.rewrites = v;
+        } else if name == "narad_combining_polls_total" {
+            s.polls = v;
+        } else if name == "narad_combining_takeovers_total" {
+            s.takeovers = v;
+        } else if name == "narad_combining_sweeps_total" {
+            s.sweeps = v;
         }
     }
     s

@@ -50,6 +50,36 @@ impl Broker {
                 s.batches.load(Ordering::Relaxed) as f64,
             ),
             (
+                "narad_combined_by_others_total",
+                "counter",
+                "Produce batches another process committed (combining).",
+                s.landed_by_others.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_rewrites_total",
+                "counter",
+                "Segments written again because a commit passed them over (combining).",
+                s.rewritten.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_takeovers_total",
+                "counter",
+                "Waiting produces that committed themselves because nobody else did (combining).",
+                s.takeovers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_sweeps_total",
+                "counter",
+                "Commits of other processes' segments made while this process's queue was empty.",
+                s.sweeps.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_polls_total",
+                "counter",
+                "Manifest reads of produces waiting for another process's commit.",
+                s.polls.load(Ordering::Relaxed) as f64,
+            ),
+            (
                 "narad_conflicts_total",
                 "counter",
                 "Conditional writes that lost a race (412/409).",

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::combine::Head;
+use super::combine::{Head, Ready};
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
@@ -44,7 +44,7 @@ use crate::topic::TopicRecord;
 
 /// The callers of a batch, group by group in the batch's order.
 #[derive(Default)]
-struct Replies {
+pub(super) struct Replies {
     produced: Vec<oneshot::Sender<BrokerResult<Vec<u64>>>>,
     settled: Vec<oneshot::Sender<BrokerResult<()>>>,
     leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
@@ -229,9 +229,10 @@ impl Change<Manifest> for BatchCommit<'_> {
             self.foreign = self.committer.list_combinable(self.q, state, own).await;
             self.listed_at = Some(state.version);
         }
-        // Upkeep rides on produces only: they are what makes a manifest grow, and a batch
-        // of settles or leases may well write nothing.
-        if !self.batch.produces.is_empty() {
+        // Upkeep rides on produces only (this batch's or other processes' it lands): they
+        // are what makes a manifest grow, and a batch of settles or leases may well write
+        // nothing.
+        if !self.batch.produces.is_empty() || !self.foreign.is_empty() {
             let mut after = state.clone();
             after.apply_retention(self.now, self.batch.rules.retention_ms);
             self.upkeeper.prepare(self.committer, self.q, &after).await;
@@ -301,6 +302,9 @@ impl Committer {
     ) -> Option<Snapshot<Manifest>> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (batch, replies, topic_etag) = split(pending);
+        if !batch.produces.is_empty() {
+            lock(&q.state).sweep_with = Some((batch.rules, topic_etag.clone()));
+        }
         let combining = combinable(&batch)
             && batch.settles.is_empty()
             && batch.leases.is_empty()
@@ -320,6 +324,7 @@ impl Committer {
                 Ok(Head::Commit(h)) => {
                     cache = Some(h.snap.clone());
                     head = Some(h);
+                    self.start_sweeping(q);
                 }
                 Ok(Head::Direct(snap)) => cache = snap,
                 Err(e) => {
@@ -328,6 +333,25 @@ impl Committer {
                 }
             }
         }
+        self.commit(q, batch, replies, topic_etag, cache, combining, head)
+            .await
+            .0
+    }
+
+    /// Commits `batch` (answering `replies`) from `cache`, landing other processes'
+    /// combinable segments too when `combining` (those listed in `head`, or listed
+    /// afresh). Returns the snapshot to cache and how many foreign segments landed.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit(
+        &self,
+        q: &Queue,
+        batch: Batch,
+        replies: Replies,
+        topic_etag: String,
+        mut cache: Option<Snapshot<Manifest>>,
+        combining: bool,
+        head: Option<Ready>,
+    ) -> (Option<Snapshot<Manifest>>, usize) {
         let mut change = BatchCommit {
             committer: self,
             q,
@@ -347,8 +371,8 @@ impl Committer {
             attempts: 0,
         };
         if let Some(h) = head {
-            change.segment = Some(h.segment);
-            change.written_for = Some(h.plan);
+            change.segment = h.segment;
+            change.written_for = h.plan;
             change.foreign = h.foreign;
             change.listed_at = Some(h.snap.value.version);
         }
@@ -366,17 +390,22 @@ impl Committer {
                 }
                 let (dropped, wake) = (std::mem::take(&mut applied.dropped), applied.wake);
                 let chunks = std::mem::take(&mut applied.dropped_chunks);
+                let landed = if change.wrote {
+                    applied.landed_foreign
+                } else {
+                    0
+                };
                 let layout = Arc::new(snap.value.layout());
                 replies.answer(applied, change.refused.as_ref(), layout);
                 self.delete_expired(q, dropped, chunks).await;
                 if wake {
                     self.wakers.wake(&q.topic);
                 }
-                cache
+                (cache, landed)
             }
             Err(e) => {
                 replies.fail(&BrokerError::from(e));
-                None
+                (None, 0)
             }
         }
     }

@@ -9,26 +9,35 @@
 //!
 //! 1. it writes its segment under a combinable id ([`crate::partition::combine`]) above
 //!    the `combined_through` it knows (one PUT, as always);
-//! 2. it lists the partition's segments after `combined_through` (one LIST);
-//! 3. if its segment is the oldest pending one whose writer is presumably alive (written
-//!    within [`ABANDON_MS`]), or it has deferred [`MAX_DEFER`] times already, it commits:
-//!    one CAS that lands every pending segment it listed, its own among them;
-//! 4. otherwise it waits about as long as a commit takes and re-reads the manifest with
-//!    a conditional GET: *landed*, it answers from the manifest and writes nothing;
-//!    *dead* (a commit moved past it without landing it), it writes its messages again
-//!    under a new id; *pending*, back to 2.
+//! 2. unless this process is the partition's committer already (below), it waits about
+//!    two and a half store round trips and re-reads the manifest with a conditional GET:
+//!    *landed*, it answers from the manifest and writes nothing; *dead* (a commit moved
+//!    past it without landing it), it writes its messages again under a new id;
+//!    *pending*, it waits and reads again, for up to [`MAX_POLLS`] reads;
+//! 3. when a read shows the manifest unchanged since the previous one (nobody is
+//!    committing), it lists the partition's segments after `combined_through` (one LIST);
+//!    if no older pending segment was written within [`ABANDON_MS`] (its writer would take
+//!    over first), or after [`MAX_POLLS`] reads in any case, it commits itself: one CAS
+//!    landing every pending segment listed, its own among them.
 //!
-//! Nobody waits for a coordinator: whoever is oldest commits, a dead writer's segment is
-//! passed over after [`ABANDON_MS`] (and landed by whoever commits next), and a deferring
-//! writer gives up deferring after [`MAX_DEFER`] rounds. Nothing is answered before the
-//! manifest that holds it is read or written; a segment lands at most once (its id is
-//! decided by `combined_through`); so a race costs at worst a failed CAS, never a
-//! duplicate or a lost message.
+//! A process that committed that way becomes the partition's *committer* for a while: when
+//! its queue is empty it keeps *sweeping* (list, and if segments are pending, one CAS that
+//! lands them all) until a listing finds nothing pending or [`MAX_SWEEPS`] rounds have
+//! run. The other writers meanwhile see the manifest change and keep waiting, so commits
+//! follow one another without racing, each landing whatever arrived meanwhile.
+//!
+//! Nobody waits for a coordinator: a writer takes over as soon as the manifest stops
+//! changing, and a committer that dies simply stops changing it. Nothing is answered
+//! before the manifest that holds it is read or written; a segment lands at most once
+//! (its id is decided by `combined_through`); so a race costs at worst a failed CAS,
+//! never a duplicate or a lost message.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::batch::Replies;
 use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
@@ -41,20 +50,24 @@ use crate::partition::{Manifest, SegmentRef};
 /// How long a partition counts as contended after the last sign of another writer.
 pub(super) const CONTENDED_FOR: Duration = Duration::from_secs(5);
 
-/// A pending segment older than this is not waited for: its writer may be gone.
+/// A pending segment older than this is not deferred to: its writer may be gone.
 pub(super) const ABANDON_MS: u64 = 1000;
 
-/// Rounds a writer defers to an older pending segment before it commits anyway.
-pub(super) const MAX_DEFER: u32 = 3;
+/// Manifest reads a waiting writer makes before it commits itself.
+pub(super) const MAX_POLLS: u32 = 6;
+
+/// Consecutive sweeps a committer makes with its queue empty.
+pub(super) const MAX_SWEEPS: u32 = 256;
 
 /// Most segments one listing (so one commit) lands.
 pub(super) const MAX_LANDING: usize = 256;
 
-/// A combining batch ready to commit: its segment, the plan it was written for, the
-/// other processes' segments to land with it, and the manifest it listed against.
-pub(super) struct Ready {
-    pub segment: SegmentRef,
-    pub plan: Plan,
+/// A combining commit ready to go: the batch's segment and the plan it was written for
+/// (none for a sweep), the other processes' segments to land with it, and the manifest it
+/// listed against.
+pub(crate) struct Ready {
+    pub segment: Option<SegmentRef>,
+    pub plan: Option<Plan>,
     pub foreign: Vec<SegmentRef>,
     pub snap: Snapshot<Manifest>,
 }
@@ -69,10 +82,16 @@ pub(super) enum Head {
     Direct(Option<Snapshot<Manifest>>),
 }
 
-/// How long to wait for the leader's commit: about one more store round trip than the
-/// listing took (the leader lists, then writes).
-fn wait_for_leader(listed_in: Duration) -> Duration {
-    (listed_in * 3 / 2).clamp(Duration::from_millis(1), Duration::from_secs(1))
+/// How long to wait before reading the manifest: first two and a half store round trips
+/// (measured by this writer's own PUT: a committer's next listing and CAS, and some of
+/// the wait for that listing to start), then one and a half.
+fn poll_after(round_trip: Duration, first: bool) -> Duration {
+    let d = if first {
+        round_trip * 5 / 2
+    } else {
+        round_trip * 3 / 2
+    };
+    d.clamp(Duration::from_millis(1), Duration::from_secs(1))
 }
 
 impl Committer {
@@ -97,14 +116,33 @@ impl Committer {
         state: &Manifest,
         own: Option<&str>,
     ) -> Vec<SegmentRef> {
-        let prefix = keys::segments_prefix(&q.topic, q.partition);
-        let Ok(keys) = self
-            .store
-            .list_after(&prefix, &state.combined_through, MAX_LANDING)
+        let keys = self
+            .list_segments(q, &state.combined_through)
             .await
-        else {
-            return Vec::new();
-        };
+            .unwrap_or_default();
+        self.pending_of(q, &keys, state, own)
+    }
+
+    /// One listing of `q`'s segments after `after`.
+    async fn list_segments(&self, q: &Queue, after: &str) -> Option<Vec<String>> {
+        let prefix = keys::segments_prefix(&q.topic, q.partition);
+        self.store
+            .list_after(&prefix, after, MAX_LANDING)
+            .await
+            .ok()
+    }
+
+    /// The combinable segments among listed `keys` still pending in `state` (other than
+    /// `own`), oldest first; segments too old to commit safely (garbage collection may take
+    /// them) are left out.
+    fn pending_of(
+        &self,
+        q: &Queue,
+        keys: &[String],
+        state: &Manifest,
+        own: Option<&str>,
+    ) -> Vec<SegmentRef> {
+        let prefix = keys::segments_prefix(&q.topic, q.partition);
         let now = self.clock.now_ms();
         keys.iter()
             .filter_map(|k| k.strip_prefix(&prefix))
@@ -116,7 +154,55 @@ impl Committer {
             .collect()
     }
 
-    /// Steps 1 to 4 of the module documentation for a produce-only `batch` without
+    /// Makes this process the partition's committer for a while (see the module
+    /// documentation).
+    pub(super) fn start_sweeping(&self, q: &Queue) {
+        let mut st = lock(&q.state);
+        st.sweeping = true;
+        st.sweeps = 0;
+    }
+
+    /// One sweep: lists the pending combinable segments and lands them in one CAS.
+    /// Returns the snapshot to cache and whether anything was pending.
+    pub(super) async fn sweep(
+        &self,
+        q: &Queue,
+        cache: Option<Snapshot<Manifest>>,
+    ) -> (Option<Snapshot<Manifest>>, bool) {
+        let with = lock(&q.state).sweep_with.clone();
+        let (Some(snap), Some((rules, topic_etag))) = (cache, with) else {
+            return (None, false);
+        };
+        let foreign = self.list_combinable(q, &snap.value, None).await;
+        if foreign.is_empty() {
+            return (Some(snap), false);
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let ready = Ready {
+            segment: None,
+            plan: None,
+            foreign,
+            snap: snap.clone(),
+        };
+        let (cache, landed) = self
+            .commit(
+                q,
+                Batch::new(rules),
+                Replies::default(),
+                topic_etag,
+                Some(snap),
+                true,
+                Some(ready),
+            )
+            .await;
+        if landed > 0 {
+            self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+            self.mark_contended(q);
+        }
+        (cache, landed > 0)
+    }
+
+    /// Steps 1 to 3 of the module documentation for a produce-only `batch` without
     /// idempotency keys, starting from `cache` (or a fresh read).
     ///
     /// Errors: the segment write's or the store's failure; [`BrokerError::Contention`]
@@ -141,43 +227,70 @@ impl Committer {
         let write = |after: String| {
             let messages = messages.clone();
             async move {
-                self.write_segment(q, topic_etag, messages, false, Some(&after))
-                    .await
+                let started = Instant::now();
+                let seg = self
+                    .write_segment(q, topic_etag, messages, false, Some(&after))
+                    .await?;
+                Ok::<_, BrokerError>((seg, started.elapsed()))
             }
         };
-        let mut segment = write(snap.value.combined_through.clone()).await?;
-        for round in 0..=MAX_DEFER {
-            let started = Instant::now();
-            let foreign = self
-                .list_combinable(q, &snap.value, Some(&segment.id))
-                .await;
-            let listed_in = started.elapsed();
-            if !foreign.is_empty() {
+        let (mut segment, mut round_trip) = write(snap.value.combined_through.clone()).await?;
+        let committer = lock(&q.state).sweeping;
+        let mut listed = None;
+        let mut round = 0;
+        while !committer && round < MAX_POLLS {
+            tokio::time::sleep(poll_after(round_trip, round == 0)).await;
+            round += 1;
+            self.stats.polls.fetch_add(1, Ordering::Relaxed);
+            let unchanged = cell.refresh::<BrokerError>(&mut snap).await?;
+            if !unchanged {
                 self.mark_contended(q);
             }
-            let now = self.clock.now_ms();
-            let leader_alive = foreign
-                .iter()
-                .any(|f| f.id < segment.id && now.saturating_sub(f.last_produced_ms) < ABANDON_MS);
-            if round == MAX_DEFER || !leader_alive {
-                return Ok(Head::Commit(Ready {
-                    segment,
-                    plan,
-                    foreign,
-                    snap,
-                }));
-            }
-            tokio::time::sleep(wait_for_leader(listed_in)).await;
-            cell.refresh::<BrokerError>(&mut snap).await?;
             match combine::status(&snap.value, &segment.id) {
-                Status::Landed(base) => return Ok(Head::Landed(base, snap)),
+                Status::Landed(base) => {
+                    self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Head::Landed(base, snap));
+                }
+                Status::Pending if unchanged => {
+                    // Nobody committed meanwhile: the oldest pending writer takes over.
+                    let foreign = self
+                        .list_combinable(q, &snap.value, Some(&segment.id))
+                        .await;
+                    let now = self.clock.now_ms();
+                    let older = foreign.iter().any(|f| {
+                        f.id < segment.id && now.saturating_sub(f.last_produced_ms) < ABANDON_MS
+                    });
+                    if !older {
+                        listed = Some(foreign);
+                        break;
+                    }
+                }
                 Status::Pending => {}
-                Status::Dead => segment = write(snap.value.combined_through.clone()).await?,
+                Status::Dead => {
+                    self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
+                    (segment, round_trip) = write(snap.value.combined_through.clone()).await?;
+                }
                 Status::Unknown => return Err(BrokerError::Contention),
             }
         }
-        Err(BrokerError::Internal(
-            "the combining loop ended without a decision".into(),
-        ))
+        if !committer {
+            self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+        }
+        let foreign = match listed {
+            Some(f) => f,
+            None => {
+                self.list_combinable(q, &snap.value, Some(&segment.id))
+                    .await
+            }
+        };
+        if !foreign.is_empty() {
+            self.mark_contended(q);
+        }
+        Ok(Head::Commit(Ready {
+            segment: Some(segment),
+            plan: Some(plan),
+            foreign,
+            snap,
+        }))
     }
 }

@@ -124,6 +124,13 @@ struct QueueState {
     /// Until when this partition counts as contended (another process wrote it while a
     /// batch of this one was being committed): see [`combine`].
     contended_until: Option<tokio::time::Instant>,
+    /// Whether this process is the partition's committer ([`combine`]): it sweeps
+    /// other processes' segments while its queue is empty.
+    sweeping: bool,
+    /// Sweeps since the queue last held operations.
+    sweeps: u32,
+    /// The rules and topic ETag sweeps commit under (those of the last produce batch).
+    sweep_with: Option<(Rules, String)>,
 }
 
 /// One partition's queue.
@@ -144,6 +151,16 @@ pub struct CommitStats {
     pub committed_ops: AtomicU64,
     /// Batches processed (committed or not).
     pub batches: AtomicU64,
+    /// Combining batches answered from a commit another process made.
+    pub landed_by_others: AtomicU64,
+    /// Combining segments written again because a commit passed them over.
+    pub rewritten: AtomicU64,
+    /// Manifest reads of waiting combining writers.
+    pub polls: AtomicU64,
+    /// Waiting combining writers that committed themselves (nobody else was).
+    pub takeovers: AtomicU64,
+    /// Sweeps that landed other processes' segments.
+    pub sweeps: AtomicU64,
 }
 
 /// The per-process group committer. Shared behind an `Arc`.
@@ -321,21 +338,46 @@ impl Committer {
             if busy && !self.linger.is_zero() {
                 tokio::time::sleep(self.linger).await;
             }
-            let (batch, cache) = {
+            let next = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
-                    st.running = false;
-                    return;
+                    if !st.sweeping || st.sweeps >= combine::MAX_SWEEPS {
+                        st.sweeping = false;
+                        st.running = false;
+                        return;
+                    }
+                    st.sweeps += 1;
+                    Next::Sweep(st.cache.take())
+                } else {
+                    let n = batch_len(&st.pending);
+                    let batch: Vec<Pending> = st.pending.drain(..n).collect();
+                    st.last_batch = batch.len();
+                    st.sweeps = 0;
+                    Next::Batch(batch, st.cache.take())
                 }
-                let n = batch_len(&st.pending);
-                let batch: Vec<Pending> = st.pending.drain(..n).collect();
-                st.last_batch = batch.len();
-                (batch, st.cache.take())
             };
-            let cache = self.run_batch(&q, batch, cache).await;
-            lock(&q.state).cache = cache;
+            match next {
+                Next::Batch(batch, cache) => {
+                    let cache = self.run_batch(&q, batch, cache).await;
+                    lock(&q.state).cache = cache;
+                }
+                Next::Sweep(cache) => {
+                    let (cache, found) = self.sweep(&q, cache).await;
+                    let mut st = lock(&q.state);
+                    st.cache = cache;
+                    st.sweeping &= found;
+                }
+            }
         }
     }
+}
+
+/// What the drain loop does next.
+enum Next {
+    /// Commit these queued operations from this cached snapshot.
+    Batch(Vec<Pending>, Option<Snapshot<Manifest>>),
+    /// Sweep other processes' pending segments ([`combine`]).
+    Sweep(Option<Snapshot<Manifest>>),
 }
 
 /// How many queued operations the next batch takes: all, up to [`MAX_BATCH_BYTES`] of

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs `narad bench --processes K --connections C` (K separate `narad serve` processes on one
+# store, one partition, single-message requests) for K in {1,2,4,8,16} and C in {1,4}, and
+# prints a Markdown table. Storage requests are summed over every process.
+# Usage: scripts/bench-processes.sh STORE_URL [MESSAGES]
+#   scripts/bench-processes.sh file:///tmp/narad-bench
+#   scripts/bench-processes.sh s3://narad-test/bench      (after localstack/start.sh and the AWS_* exports)
+#   NARAD_STORE_LATENCY_MS=20 scripts/bench-processes.sh s3://narad-test/bench   (S3-like latency)
+set -euo pipefail
+store="$1"
+messages="${2:-300}"
+bin="$(dirname "$0")/../target/release/narad"
+[[ -x "$bin" ]] || bin="$(dirname "$0")/../target/debug/narad"
+export NARAD_LOG=warn
+echo "| K x C | serial CAS/s | produce msg/s | x CAS | 412/msg | req/msg | ops/commit | consume+ack msg/s | x CAS | 412/msg | req/msg |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for c in 1 4; do
+    for k in 1 2 4 8 16; do
+        out="$("$bin" bench --store "$store" --messages "$messages" --processes "$k" --connections "$c" --cas-ops 50)"
+        cas=$(sed -nE 's/^store serial CAS rate: ([0-9.]+).*/\1/p' <<<"$out")
+        # phase msgs/s xCAS p50 p99 GET/msg PUT/msg 412/msg req/msg errors $/M LIST/msg ops/commit
+        read -r _ pr px _ _ _ _ pf pq _ _ _ po <<<"$(grep '^produce ' <<<"$out")"
+        read -r _ cr cx _ _ _ _ cf cq _ _ _ _ <<<"$(grep '^consume+ack ' <<<"$out")"
+        echo "| $k x $c | $cas | $pr | $px | $pf | $pq | $po | $cr | $cx | $cf | $cq |"
+    done
+done
