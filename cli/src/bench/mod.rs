@@ -380,7 +380,12 @@ where
                     let t = Instant::now();
                     match op(w, want - got).await {
                         Ok(k) => got += k,
-                        Err(_) => errors += 1,
+                        Err(e) => {
+                            if errors == 0 {
+                                eprintln!("narad bench: {name}: {e}");
+                            }
+                            errors += 1;
+                        }
                     }
                     lat.push(t.elapsed());
                 }
@@ -521,10 +526,14 @@ impl Client {
                     payload.to_owned(),
                 )
                 .await?;
-            return if r.status().as_u16() == 201 {
+            let status = r.status();
+            return if status.as_u16() == 201 {
                 Ok(1)
             } else {
-                Err(format!("produce: {}", r.status()))
+                Err(format!(
+                    "produce: {status} {}",
+                    r.text().await.unwrap_or_default()
+                ))
             };
         }
         let msgs: Vec<String> = (0..n)

@@ -380,6 +380,10 @@ impl Committer {
         let result = cell.update_cached(&mut cache, &mut change).await;
         if change.attempts > 1 {
             self.mark_contended(q);
+            if replies.len() == 0 {
+                // A sweep lost a race: another process commits; leave the sweeping to it.
+                lock(&q.state).sweeping = false;
+            }
         }
         match result {
             Ok((mut applied, snap)) => {

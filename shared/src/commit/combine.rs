@@ -22,8 +22,8 @@
 //!
 //! A process that committed that way becomes the partition's *committer* for a while: when
 //! its queue is empty it keeps *sweeping* (list, and if segments are pending, one CAS that
-//! lands them all) until a listing finds nothing pending or [`MAX_SWEEPS`] rounds have
-//! run. The other writers meanwhile see the manifest change and keep waiting, so commits
+//! lands them all) until [`IDLE_SWEEPS`] listings in a row find nothing pending or
+//! [`MAX_SWEEPS`] rounds have run. The other writers meanwhile see the manifest change and keep waiting, so commits
 //! follow one another without racing, each landing whatever arrived meanwhile.
 //!
 //! Nobody waits for a coordinator: a writer takes over as soon as the manifest stops
@@ -58,6 +58,10 @@ pub(super) const MAX_POLLS: u32 = 6;
 
 /// Consecutive sweeps a committer makes with its queue empty.
 pub(super) const MAX_SWEEPS: u32 = 256;
+
+/// Listings in a row that may find nothing pending before a committer stops sweeping:
+/// with few writers the next segment is often a round trip away.
+pub(super) const IDLE_SWEEPS: u32 = 3;
 
 /// Most segments one listing (so one commit) lands.
 pub(super) const MAX_LANDING: usize = 256;
@@ -160,6 +164,7 @@ impl Committer {
         let mut st = lock(&q.state);
         st.sweeping = true;
         st.sweeps = 0;
+        st.idle_sweeps = 0;
     }
 
     /// One sweep: lists the pending combinable segments and lands them in one CAS.

@@ -129,6 +129,8 @@ struct QueueState {
     sweeping: bool,
     /// Sweeps since the queue last held operations.
     sweeps: u32,
+    /// Sweeps in a row that found nothing pending.
+    idle_sweeps: u32,
     /// The rules and topic ETag sweeps commit under (those of the last produce batch).
     sweep_with: Option<(Rules, String)>,
 }
@@ -365,7 +367,8 @@ impl Committer {
                     let (cache, found) = self.sweep(&q, cache).await;
                     let mut st = lock(&q.state);
                     st.cache = cache;
-                    st.sweeping &= found;
+                    st.idle_sweeps = if found { 0 } else { st.idle_sweeps + 1 };
+                    st.sweeping &= st.idle_sweeps <= combine::IDLE_SWEEPS;
                 }
             }
         }
