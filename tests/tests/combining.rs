@@ -85,7 +85,10 @@ async fn run(store: DynStore, faulty: Option<&Arc<FaultStore>>) -> (usize, usize
                 };
                 match b.produce("c", msg).await {
                     Ok(p) => answered.push((payload, p.offset)),
-                    Err(_) => failed.push(payload),
+                    Err(e) => {
+                        println!("{payload}: {e}");
+                        failed.push(payload)
+                    }
                 }
             }
             (answered, failed)

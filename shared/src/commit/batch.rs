@@ -165,6 +165,8 @@ struct BatchCommit<'a> {
     listed_at: Option<u64>,
     /// Attempts so far (more than one: another process wrote meanwhile).
     attempts: u32,
+    /// Where this batch's segment landed, found in an index object by `prepare`.
+    found_at: Option<u64>,
 }
 
 impl Change<Manifest> for BatchCommit<'_> {
@@ -175,7 +177,7 @@ impl Change<Manifest> for BatchCommit<'_> {
         self.attempts += 1;
         let state = &snap.value;
         let created = snap.etag.is_none();
-        self.check_own_segment(state);
+        self.check_own_segment(state).await;
         let produces = &self.batch.produces;
         let spilled = match self
             .committer
@@ -250,6 +252,7 @@ impl Change<Manifest> for BatchCommit<'_> {
         let written = Written {
             plan,
             segment: self.segment.as_ref(),
+            found_at: self.found_at,
             foreign: &self.foreign,
             upkeep: &self.upkeeper.upkeep,
         };
@@ -274,15 +277,20 @@ impl BatchCommit<'_> {
     /// If this batch's combinable segment is dead in `state` (it can never land), forgets
     /// it so that `prepare` writes the messages again under a new id; if its fate can no
     /// longer be told, refuses the batch (503: the outcome is unknown).
-    fn check_own_segment(&mut self, state: &Manifest) {
+    async fn check_own_segment(&mut self, state: &Manifest) {
         let Some(seg) = &self.segment else {
             return;
         };
         if Combinable::parse(&seg.id).is_none() {
             return;
         }
-        match combine::status(state, &seg.id) {
+        self.found_at = None;
+        match self.committer.segment_status(self.q, state, &seg.id).await {
             Status::Dead => (self.segment, self.written_for) = (None, None),
+            // Landed, and no longer in the manifest's own memory: apply cannot tell.
+            Status::Landed(base) if combine::status(state, &seg.id) == Status::Unknown => {
+                self.found_at = Some(base);
+            }
             Status::Unknown => {
                 self.segment = None;
                 self.refused = Some(BrokerError::Contention);
@@ -369,6 +377,7 @@ impl Committer {
             foreign: Vec::new(),
             listed_at: None,
             attempts: 0,
+            found_at: None,
         };
         if let Some(h) = head {
             change.segment = h.segment;

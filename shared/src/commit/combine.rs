@@ -44,6 +44,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::{self, Combinable, Status};
+use crate::partition::index::{Entries, Index};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
 
@@ -62,6 +63,9 @@ pub(super) const MAX_SWEEPS: u32 = 256;
 /// Listings in a row that may find nothing pending before a committer stops sweeping:
 /// with few writers the next segment is often a round trip away.
 pub(super) const IDLE_SWEEPS: u32 = 3;
+
+/// Index objects read to find a segment the manifest no longer remembers.
+pub(super) const FOLDED_LOOKUP: usize = 4;
 
 /// Most segments one listing (so one commit) lands.
 pub(super) const MAX_LANDING: usize = 256;
@@ -158,6 +162,51 @@ impl Committer {
             .collect()
     }
 
+    /// The fate of this process's combinable segment `id` in `state`: as
+    /// [`combine::status`], except that a segment the manifest no longer remembers is
+    /// looked for in the newest index objects (it may have been landed by another process
+    /// and folded since), reading at most [`FOLDED_LOOKUP`] of them.
+    pub(super) async fn segment_status(&self, q: &Queue, state: &Manifest, id: &str) -> Status {
+        let status = combine::status(state, id);
+        if status != Status::Unknown {
+            return status;
+        }
+        let mut refs: Vec<_> = state
+            .indexes
+            .iter()
+            .rev()
+            .take(FOLDED_LOOKUP)
+            .cloned()
+            .collect();
+        let mut read = 0;
+        while let Some(r) = refs.first().cloned() {
+            refs.remove(0);
+            if read == FOLDED_LOOKUP {
+                break;
+            }
+            read += 1;
+            let key = keys::index(&q.topic, q.partition, &r.id);
+            let loaded = self
+                .caches
+                .indexes
+                .read_through(&*self.store, &key, Index::decode)
+                .await;
+            match loaded.ok().flatten().as_deref().map(|i| &i.entries) {
+                Some(Entries::Segments(segs)) => {
+                    if let Some(s) = segs.iter().find(|s| s.id == id) {
+                        return Status::Landed(s.base_offset);
+                    }
+                }
+                // A higher level: its newest children come next.
+                Some(Entries::Indexes(children)) => {
+                    refs.splice(0..0, children.iter().rev().take(2).cloned());
+                }
+                None => {}
+            }
+        }
+        Status::Unknown
+    }
+
     /// Makes this process the partition's committer for a while (see the module
     /// documentation).
     pub(super) fn start_sweeping(&self, q: &Queue) {
@@ -251,7 +300,7 @@ impl Committer {
             if !unchanged {
                 self.mark_contended(q);
             }
-            match combine::status(&snap.value, &segment.id) {
+            match self.segment_status(q, &snap.value, &segment.id).await {
                 Status::Landed(base) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
                     return Ok(Head::Landed(base, snap));

@@ -115,6 +115,9 @@ pub struct Written<'a> {
     pub plan: &'a Plan,
     /// The new messages' segment.
     pub segment: Option<&'a SegmentRef>,
+    /// Where that segment (combinable) already landed, when the manifest no longer
+    /// remembers it and the committer found it in an index object.
+    pub found_at: Option<u64>,
     /// Combinable segments other processes wrote, listed from the store.
     pub foreign: &'a [SegmentRef],
     /// Index objects written for this attempt.
@@ -126,6 +129,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     let Written {
         plan,
         segment,
+        found_at,
         foreign,
         upkeep,
     } = written;
@@ -145,6 +149,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     let mut changed = out.dropped != Dropped::default() || out.upkept != (false, false) || spilled;
     let dedup = batch.rules.dedup_window_ms;
     let (base, placed, landed_foreign) = place_segments(m, segment, foreign);
+    let base = base.or(found_at);
     out.landed_foreign = landed_foreign;
     out.produced = produce::append(m, now, dedup, &batch.produces, plan, base);
     if placed {
@@ -305,6 +310,7 @@ mod tests {
         let written = Written {
             plan: &plan,
             segment: seg.as_ref(),
+            found_at: None,
             foreign: &[],
             upkeep: &upkeep,
         };
@@ -536,6 +542,7 @@ mod tests {
                     let written_now = Written {
                         plan: &plan,
                         segment: Some(&own),
+                        found_at: None,
                         foreign: &listed,
                         upkeep: &upkeep,
                     };

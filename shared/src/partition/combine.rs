@@ -15,7 +15,8 @@
 //! * `landed_floor`: the highest id that left `landed`; the fate of an id at or below it
 //!   can no longer be told from the manifest.
 //!
-//! So a segment's [`status`] is [`Status::Landed`], [`Status::Pending`] (it may still land,
+//! So a segment's [`status`] is [`Status::Landed`] (in `landed`, or still among the hot
+//! segments), [`Status::Pending`] (it may still land,
 //! by anyone), [`Status::Dead`] (it never will: its writer writes its messages again under a
 //! new id) or [`Status::Unknown`] (its writer waited too long to tell; it answers 503, the
 //! outcome unknown). A segment lands at most once: only ids above `combined_through`
@@ -99,6 +100,10 @@ pub enum Status {
 pub fn status(m: &Manifest, id: &str) -> Status {
     if let Some((_, base)) = m.landed.iter().find(|(i, _)| i == id) {
         return Status::Landed(*base);
+    }
+    // Forgotten by `landed` but still a hot segment (not yet folded or compacted).
+    if let Some(seg) = m.segments.iter().find(|s| s.id == id) {
+        return Status::Landed(seg.base_offset);
     }
     if !m.landed_floor.is_empty() && id <= m.landed_floor.as_str() {
         return Status::Unknown;
@@ -194,6 +199,9 @@ mod tests {
             land(&mut m, &[seg(100 + i, "x", 1)]);
         }
         assert_eq!(m.landed.len(), LANDED_KEEP);
+        // Still a hot segment: its offset is known.
+        assert_eq!(status(&m, &first.id), Status::Landed(0));
+        m.segments.retain(|s| s.id != first.id);
         assert_eq!(status(&m, &first.id), Status::Unknown);
         assert_eq!(status(&m, &seg(0, "late", 1).id), Status::Unknown);
         assert_eq!(status(&m, &seg(5, "late", 1).id), Status::Dead);
