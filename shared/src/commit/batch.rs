@@ -177,7 +177,7 @@ impl Change<Manifest> for BatchCommit<'_> {
         self.attempts += 1;
         let state = &snap.value;
         let created = snap.etag.is_none();
-        self.check_own_segment(state).await;
+        let own_landed = self.check_own_segment(state).await;
         let produces = &self.batch.produces;
         let spilled = match self
             .committer
@@ -226,7 +226,18 @@ impl Change<Manifest> for BatchCommit<'_> {
             }
         }
         self.plan = Some(plan);
-        if self.combining && self.listed_at != Some(state.version) {
+        // Landing other processes' segments is a favour, not this batch's work: a produce
+        // batch whose segment another process landed answers at once, and a sweep that lost
+        // a race leaves the landing to the process that won it. Either way this attempt
+        // lands nothing foreign, so it cannot keep losing races to a busy committer.
+        let only_produces = self.batch.settles.is_empty()
+            && self.batch.leases.is_empty()
+            && self.batch.swaps.is_empty();
+        let sweep = only_produces && self.batch.produces.is_empty();
+        if (own_landed && only_produces) || (sweep && self.attempts > 1) {
+            self.foreign.clear();
+            self.listed_at = Some(state.version);
+        } else if self.combining && self.listed_at != Some(state.version) {
             let own = self.segment.as_ref().map(|s| s.id.as_str());
             self.foreign = self.committer.list_combinable(self.q, state, own).await;
             self.listed_at = Some(state.version);
@@ -276,13 +287,14 @@ pub(super) fn combinable(batch: &Batch) -> bool {
 impl BatchCommit<'_> {
     /// If this batch's combinable segment is dead in `state` (it can never land), forgets
     /// it so that `prepare` writes the messages again under a new id; if its fate can no
-    /// longer be told, refuses the batch (503: the outcome is unknown).
-    async fn check_own_segment(&mut self, state: &Manifest) {
+    /// longer be told, refuses the batch (503: the outcome is unknown). Returns whether
+    /// the segment has landed already.
+    async fn check_own_segment(&mut self, state: &Manifest) -> bool {
         let Some(seg) = &self.segment else {
-            return;
+            return false;
         };
         if Combinable::parse(&seg.id).is_none() {
-            return;
+            return false;
         }
         self.found_at = None;
         match self.committer.segment_status(self.q, state, &seg.id).await {
@@ -290,13 +302,16 @@ impl BatchCommit<'_> {
             // Landed, and no longer in the manifest's own memory: apply cannot tell.
             Status::Landed(base) if combine::status(state, &seg.id) == Status::Unknown => {
                 self.found_at = Some(base);
+                return true;
             }
+            Status::Landed(_) => return true,
             Status::Unknown => {
                 self.segment = None;
                 self.refused = Some(BrokerError::Contention);
             }
-            Status::Landed(_) | Status::Pending => {}
+            Status::Pending => {}
         }
+        false
     }
 }
 
