@@ -50,6 +50,48 @@ impl Broker {
                 s.batches.load(Ordering::Relaxed) as f64,
             ),
             (
+                "narad_conflicts_total",
+                "counter",
+                "Conditional writes that lost a race (412/409).",
+                c.failed_puts() as f64,
+            ),
+            (
+                "narad_operations_per_commit",
+                "gauge",
+                "Average operations per landed commit.",
+                if commits == 0 {
+                    0.0
+                } else {
+                    ops as f64 / commits as f64
+                },
+            ),
+            (
+                "narad_long_poll_waiters",
+                "gauge",
+                "Consumers waiting in a long poll now.",
+                self.waiting.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_dead_lettered_total",
+                "counter",
+                "Messages moved to a dead-letter topic.",
+                self.dead_lettered.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, kind, help, v) in gauges.into_iter().chain(self.combining_counters()) {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        out
+    }
+
+    /// The counters of combining produces across processes (commit/combine.rs).
+    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 5] {
+        let s = &self.committer.stats;
+        [
+            (
                 "narad_combined_by_others_total",
                 "counter",
                 "Produce batches another process committed (combining).",
@@ -79,41 +121,6 @@ impl Broker {
                 "Manifest reads of produces waiting for another process's commit.",
                 s.polls.load(Ordering::Relaxed) as f64,
             ),
-            (
-                "narad_conflicts_total",
-                "counter",
-                "Conditional writes that lost a race (412/409).",
-                c.failed_puts() as f64,
-            ),
-            (
-                "narad_operations_per_commit",
-                "gauge",
-                "Average operations per landed commit.",
-                if commits == 0 {
-                    0.0
-                } else {
-                    ops as f64 / commits as f64
-                },
-            ),
-            (
-                "narad_long_poll_waiters",
-                "gauge",
-                "Consumers waiting in a long poll now.",
-                self.waiting.load(Ordering::Relaxed) as f64,
-            ),
-            (
-                "narad_dead_lettered_total",
-                "counter",
-                "Messages moved to a dead-letter topic.",
-                self.dead_lettered.load(Ordering::Relaxed) as f64,
-            ),
-        ];
-        for (name, kind, help, v) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        }
-        out
+        ]
     }
 }

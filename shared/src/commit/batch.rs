@@ -42,6 +42,13 @@ use crate::settings::TopicSettings;
 use crate::store::Fetched;
 use crate::topic::TopicRecord;
 
+/// A batch to commit, the callers to answer, and the topic record ETag its producers saw.
+pub(super) struct Work {
+    pub batch: Batch,
+    pub replies: Replies,
+    pub topic_etag: String,
+}
+
 /// The callers of a batch, group by group in the batch's order.
 #[derive(Default)]
 pub(super) struct Replies {
@@ -356,25 +363,30 @@ impl Committer {
                 }
             }
         }
-        self.commit(q, batch, replies, topic_etag, cache, combining, head)
-            .await
-            .0
+        let work = Work {
+            batch,
+            replies,
+            topic_etag,
+        };
+        self.commit(q, work, cache, combining, head).await.0
     }
 
-    /// Commits `batch` (answering `replies`) from `cache`, landing other processes'
-    /// combinable segments too when `combining` (those listed in `head`, or listed
-    /// afresh). Returns the snapshot to cache and how many foreign segments landed.
-    #[allow(clippy::too_many_arguments)]
+    /// Commits `work` from `cache`, landing other processes' combinable segments too when
+    /// `combining` (those listed in `head`, or listed afresh). Returns the snapshot to
+    /// cache and how many foreign segments landed.
     pub(super) async fn commit(
         &self,
         q: &Queue,
-        batch: Batch,
-        replies: Replies,
-        topic_etag: String,
+        work: Work,
         mut cache: Option<Snapshot<Manifest>>,
         combining: bool,
         head: Option<Ready>,
     ) -> (Option<Snapshot<Manifest>>, usize) {
+        let Work {
+            batch,
+            replies,
+            topic_etag,
+        } = work;
         let mut change = BatchCommit {
             committer: self,
             q,

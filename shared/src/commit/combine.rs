@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::batch::Replies;
+use super::batch::{Replies, Work};
 use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
@@ -241,9 +241,11 @@ impl Committer {
         let (cache, landed) = self
             .commit(
                 q,
-                Batch::new(rules),
-                Replies::default(),
-                topic_etag,
+                Work {
+                    batch: Batch::new(rules),
+                    replies: Replies::default(),
+                    topic_etag,
+                },
                 Some(snap),
                 true,
                 Some(ready),
