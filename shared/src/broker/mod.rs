@@ -99,7 +99,6 @@ impl Broker {
             clock.clone(),
             caches,
             opts.commit_linger,
-            opts.topic_cache,
         ));
         Ok(Self {
             store,

@@ -9,15 +9,10 @@
 //! left to garbage collection. `apply` is then the pure
 //! [`crate::partition::batch::apply`].
 //!
-//! A segment write first re-checks the topic record (a conditional GET, 304 when
-//! unchanged) when the manifest does not exist yet, so that no partition of a topic that
-//! was deleted (and perhaps created again) is brought back: such produces fail with
-//! [`BrokerError::StaleTopic`] and the broker retries them against the current topic. An
-//! existing manifest cannot be resurrected this way (a deleted one reads as absent, a
-//! re-created topic's as [`crate::cas::CasError::Superseded`]), so there the check runs at
-//! most once per topic-cache period (default 1 s) per partition and process: a produce
-//! that races a topic deletion within that period may be answered 201 and then deleted
-//! with the topic (docs/decisions.md). A segment older than
+//! The segment write first re-checks the topic record (a conditional GET, 304 when
+//! unchanged) so that nothing is committed into a topic that was deleted and created
+//! again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
+//! retries them against the current topic. A segment older than
 //! [`super::MAX_SEGMENT_AGE_AT_COMMIT_MS`] is never committed.
 
 use std::collections::HashMap;
@@ -183,7 +178,6 @@ impl Change<Manifest> for BatchCommit<'_> {
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
         self.attempts += 1;
         let state = &snap.value;
-        let created = snap.etag.is_none();
         let own_landed = self.check_own_segment(state).await;
         let produces = &self.batch.produces;
         let spilled = match self
@@ -212,7 +206,6 @@ impl Change<Manifest> for BatchCommit<'_> {
                         self.q,
                         &self.topic_etag,
                         messages,
-                        created,
                         combinable(&self.batch).then_some(state.combined_through.as_str()),
                     )
                     .await
@@ -451,24 +444,17 @@ impl Committer {
     }
 
     /// Writes the batch's segment after checking the topic is still the one the
-    /// producers saw (always when the manifest is about to be `created`, else at most
-    /// once per topic-check period).
+    /// producers saw.
     pub(super) async fn write_segment(
         &self,
         q: &Queue,
         topic_etag: &str,
         messages: Vec<StoredMessage>,
-        created: bool,
         combinable_after: Option<&str>,
     ) -> BrokerResult<SegmentRef> {
-        let due = created
-            || lock(&q.state)
-                .topic_checked
-                .is_none_or(|t| t.elapsed() >= self.topic_check);
-        if due {
-            self.check_topic(q, topic_etag).await?;
-            lock(&q.state).topic_checked = Some(tokio::time::Instant::now());
-        }
+        // Checked before every segment write: a process whose cached topic is up to one
+        // cache period old must not commit into a topic that was deleted and created again.
+        self.check_topic(q, topic_etag).await?;
         let last_produced_ms = messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0);
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
         let count = messages.len() as u32;

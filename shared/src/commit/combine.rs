@@ -285,7 +285,7 @@ impl Committer {
             async move {
                 let started = Instant::now();
                 let seg = self
-                    .write_segment(q, topic_etag, messages, false, Some(&after))
+                    .write_segment(q, topic_etag, messages, Some(&after))
                     .await?;
                 Ok::<_, BrokerError>((seg, started.elapsed()))
             }

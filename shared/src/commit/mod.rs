@@ -119,8 +119,6 @@ struct QueueState {
     cache: Option<Snapshot<Manifest>>,
     /// Operations in the previous batch: lingering pays only when there is company.
     last_batch: usize,
-    /// When the topic record was last confirmed current before a segment write.
-    topic_checked: Option<tokio::time::Instant>,
     /// Until when this partition counts as contended (another process wrote it while a
     /// batch of this one was being committed): see [`combine`].
     contended_until: Option<tokio::time::Instant>,
@@ -169,9 +167,6 @@ pub struct CommitStats {
 pub struct Committer {
     caches: Caches,
     linger: Duration,
-    /// How long a confirmation that the topic record is current stands (the topic
-    /// cache's age): see [`batch`].
-    topic_check: Duration,
     store: DynStore,
     ids: Arc<dyn IdSource>,
     clock: Arc<dyn Clock>,
@@ -198,20 +193,17 @@ async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
 impl Committer {
     /// A committer writing through `store`, caching the immutable objects it writes and
     /// reads in `caches`. Each busy batch waits `linger` so that more operations can join
-    /// it. Produces re-confirm the topic record before a segment write when the
-    /// manifest does not exist yet, and otherwise at most once per `topic_check`.
+    /// it.
     pub fn new(
         store: DynStore,
         ids: Arc<dyn IdSource>,
         clock: Arc<dyn Clock>,
         caches: Caches,
         linger: Duration,
-        topic_check: Duration,
     ) -> Self {
         Self {
             caches,
             linger,
-            topic_check,
             store,
             ids,
             clock,
