@@ -230,9 +230,7 @@ impl Change<Manifest> for BatchCommit<'_> {
         // batch whose segment another process landed answers at once, and a sweep that lost
         // a race leaves the landing to the process that won it. Either way this attempt
         // lands nothing foreign, so it cannot keep losing races to a busy committer.
-        let only_produces = self.batch.settles.is_empty()
-            && self.batch.leases.is_empty()
-            && self.batch.swaps.is_empty();
+        let only_produces = self.batch.produces_only();
         let sweep = only_produces && self.batch.produces.is_empty();
         if (own_landed && only_produces) || (sweep && self.attempts > 1) {
             self.foreign.clear();
@@ -328,11 +326,7 @@ impl Committer {
         if !batch.produces.is_empty() {
             lock(&q.state).sweep_with = Some((batch.rules, topic_etag.clone()));
         }
-        let combining = combinable(&batch)
-            && batch.settles.is_empty()
-            && batch.leases.is_empty()
-            && batch.swaps.is_empty()
-            && self.contended(q);
+        let combining = combinable(&batch) && batch.produces_only() && self.contended(q);
         let mut head = None;
         if combining {
             match self

@@ -124,33 +124,14 @@ impl Committer {
         state: &Manifest,
         own: Option<&str>,
     ) -> Vec<SegmentRef> {
-        let keys = self
-            .list_segments(q, &state.combined_through)
-            .await
-            .unwrap_or_default();
-        self.pending_of(q, &keys, state, own)
-    }
-
-    /// One listing of `q`'s segments after `after`.
-    async fn list_segments(&self, q: &Queue, after: &str) -> Option<Vec<String>> {
         let prefix = keys::segments_prefix(&q.topic, q.partition);
-        self.store
-            .list_after(&prefix, after, MAX_LANDING)
+        let Ok(keys) = self
+            .store
+            .list_after(&prefix, &state.combined_through, MAX_LANDING)
             .await
-            .ok()
-    }
-
-    /// The combinable segments among listed `keys` still pending in `state` (other than
-    /// `own`), oldest first; segments too old to commit safely (garbage collection may take
-    /// them) are left out.
-    fn pending_of(
-        &self,
-        q: &Queue,
-        keys: &[String],
-        state: &Manifest,
-        own: Option<&str>,
-    ) -> Vec<SegmentRef> {
-        let prefix = keys::segments_prefix(&q.topic, q.partition);
+        else {
+            return Vec::new();
+        };
         let now = self.clock.now_ms();
         keys.iter()
             .filter_map(|k| k.strip_prefix(&prefix))

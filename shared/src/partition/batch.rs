@@ -60,6 +60,11 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// True when the batch holds nothing but produces (maybe none: a sweep).
+    pub fn produces_only(&self) -> bool {
+        self.settles.is_empty() && self.leases.is_empty() && self.swaps.is_empty()
+    }
+
     /// An empty batch under `rules`.
     pub fn new(rules: Rules) -> Self {
         Self {
