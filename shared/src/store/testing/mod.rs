@@ -5,6 +5,8 @@
 //! * [`conformance`]: the suite every [`crate::store::Store`] backend must pass.
 //! * [`fault`]: a store decorator that injects errors, lost responses, spurious
 //!   conflicts and latency, from a seed.
+//! * [`freeze`]: a store decorator for an instance that stops mid-operation forever.
 
 pub mod conformance;
 pub mod fault;
+pub mod freeze;
