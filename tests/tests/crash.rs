@@ -1,7 +1,11 @@
-//! Crash test: three `narad serve` processes on one store (one bucket prefix on S3); one
-//! of them is SIGKILLed and restarted every 1–2.5 s while producers (retrying with an
-//! `Idempotency-Key` until they get a 2xx) and consumers run. After a drain: no
-//! acknowledged message lost, no offset holding two payloads, no produce appended twice.
+//! Crash test: four `narad serve` processes on one store (one bucket prefix on S3); one
+//! of them is SIGKILLed and restarted every 1–2.5 s while producers and consumers run.
+//! Some producers retry with an `Idempotency-Key` until they get a 2xx; others send
+//! single messages without a key to partition 0 through whichever process, so the
+//! processes combine their segments into shared commits (docs/design.md §6) while being
+//! killed (a failed one of those may or may not have landed, at most once). After a
+//! drain: no acknowledged message lost, no offset holding two payloads, no produce
+//! appended twice.
 //! Meanwhile `narad gc` runs as a separate process every second (compaction racing the
 //! servers' commits, which fold segments into index objects and spill idempotency keys as
 //! the partitions grow), and at the end a fresh process replays every acknowledged message
@@ -19,7 +23,10 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::sync::{Mutex, RwLock};
 
+const PROCESSES: usize = 4;
 const PRODUCERS: usize = 4;
+/// Producers without idempotency keys, all on partition 0.
+const COMBINERS: usize = 4;
 const CONSUMERS: usize = 4;
 const CHAOS: Duration = Duration::from_secs(12);
 const VT_MS: u64 = 2000;
@@ -38,7 +45,7 @@ async fn sigkill_and_restart_loses_nothing() {
     }
     let (url, _dir) = test_store_url();
     let mut procs = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..PROCESSES {
         procs.push(Process::start(&url, free_port(), &[]).await);
     }
     let bases: Bases = Arc::new(RwLock::new(procs.iter().map(|p| p.base.clone()).collect()));
@@ -61,7 +68,51 @@ async fn sigkill_and_restart_loses_nothing() {
     let acked_produces: Arc<Mutex<HashMap<String, (u64, u64)>>> = Arc::default();
     let payload_at: Arc<Mutex<HashMap<(u64, u64), String>>> = Arc::default();
     let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
+    // Payloads of keyless produces that failed: they may have landed, at most once.
+    let maybe: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut tasks = Vec::new();
+    for w in 0..COMBINERS {
+        let (bases, stop, acked, maybe, http) = (
+            bases.clone(),
+            stop.clone(),
+            acked_produces.clone(),
+            maybe.clone(),
+            http.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(200 + w as u64);
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let payload = format!("c{w}-{i}");
+                i += 1;
+                let base = pick(&bases, &mut rng).await;
+                let r = http
+                    .post(format!("{base}/v1/topics/crash/produce?partition=0"))
+                    .basic_auth(USER, Some(PASS))
+                    .body(payload.clone())
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == StatusCode::CREATED => {
+                        let v: Value = r.json().await.unwrap();
+                        let at = (0, v["offset"].as_u64().unwrap());
+                        acked.lock().await.insert(payload, at);
+                    }
+                    Ok(r) => {
+                        assert!(
+                            r.status().is_server_error(),
+                            "produce answered {} (only retryable failures expected)",
+                            r.status()
+                        );
+                        maybe.lock().await.insert(payload);
+                    }
+                    Err(_) => {
+                        maybe.lock().await.insert(payload);
+                    }
+                }
+            }
+        }));
+    }
 
     for w in 0..PRODUCERS {
         let (bases, stop, acked, http) = (
@@ -191,6 +242,7 @@ async fn sigkill_and_restart_loses_nothing() {
     let acked = acked_produces.lock().await;
     let delivered = delivered.lock().await;
     let payload_at = payload_at.lock().await;
+    let maybe = maybe.lock().await;
     let lost: Vec<&String> = acked.keys().filter(|p| !delivered.contains(*p)).collect();
     assert!(
         lost.is_empty(),
@@ -219,11 +271,23 @@ async fn sigkill_and_restart_loses_nothing() {
         .iter()
         .map(|p| p["next_offset"].as_u64().unwrap())
         .sum();
+    // Every appended offset was delivered once the drain ended; no payload sits at two
+    // offsets, and each is an acknowledged produce or a failed keyless one.
     assert_eq!(
+        payload_at.len() as u64,
         appended,
-        acked.len() as u64,
-        "produces appended twice (or unacknowledged ones appended)"
+        "offsets below next_offset never delivered"
     );
+    let mut offset_of: HashMap<&String, (u64, u64)> = HashMap::new();
+    for (at, payload) in payload_at.iter() {
+        if let Some(first) = offset_of.insert(payload, *at) {
+            panic!("{payload} appended twice, at {first:?} and {at:?}");
+        }
+        assert!(
+            acked.contains_key(payload) || maybe.contains(payload),
+            "{payload} at {at:?} was never produced"
+        );
+    }
     // A fresh process replays every acknowledged message where its produce said it is.
     let fresh = Process::start(&url, free_port(), &[]).await;
     for (payload, (p, o)) in acked.iter() {
@@ -252,13 +316,38 @@ async fn sigkill_and_restart_loses_nothing() {
         .map(|p| p["indexes"].as_u64().unwrap_or(0))
         .collect();
     println!(
-        "crash test: {kills} kills, {} messages produced, delivered and replayed; index objects per partition: {indexes:?}",
-        acked.len()
+        "crash test: {kills} kills, {} messages produced, delivered and replayed, {} failed keyless produces landed; index objects per partition: {indexes:?}",
+        acked.len(),
+        maybe.iter().filter(|p| delivered.contains(*p)).count()
     );
     assert!(
         kills >= 4 && acked.len() > 50,
         "the test must actually exercise crashes"
     );
+    // How much combining the surviving processes did (the killed ones took theirs along).
+    let mut combined = 0.0;
+    for p in &procs {
+        let text = http
+            .get(format!("{}/metrics", p.base))
+            .basic_auth(USER, Some(PASS))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in text.lines() {
+            let mut it = line.split(' ');
+            if let (
+                Some("narad_combined_by_others_total" | "narad_combining_sweeps_total"),
+                Some(v),
+            ) = (it.next(), it.next().and_then(|v| v.parse::<f64>().ok()))
+            {
+                combined += v;
+            }
+        }
+    }
+    println!("crash test: the surviving processes combined {combined} times");
     for p in procs {
         p.kill().await;
     }
