@@ -109,17 +109,15 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     };
     let broker = open_broker(&cfg).await?;
     let described = broker.store().describe();
-    let app = http::router(Arc::new(broker), &users);
+    let app = http::router(Arc::new(broker), &users, &cfg.http);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("narad: serving http://{addr} on {described}");
     tracing::info!(%addr, store = %described, "narad serve started");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server error: {e}"))
+    http::serve(listener, app, &cfg.http, shutdown_signal()).await;
+    Ok(())
 }
 
 async fn open_broker(cfg: &Config) -> Result<Broker, String> {

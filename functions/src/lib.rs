@@ -91,7 +91,7 @@ mod tests {
             user: "tester".into(),
             password: "s3cret-pass".into(),
         }];
-        narad_shared::http::router(Arc::new(broker), &users)
+        narad_shared::http::router(Arc::new(broker), &users, &Default::default())
     }
 
     /// An API Gateway HTTP API (payload 2.0) event, as API Gateway sends it.

@@ -12,6 +12,10 @@
 //! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
 //! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
 //! | `NARAD_COMMIT_LINGER_MS` | 2 | how long a group commit waits for more operations to join |
+//! | `NARAD_HEADER_TIMEOUT_MS` | 10000 | `narad serve`: a connection that takes longer to send a request's headers, or sits idle between requests longer, is closed |
+//! | `NARAD_BODY_TIMEOUT_MS` | 30000 | a request body not received within this long gets 408 |
+//! | `NARAD_MAX_CONNECTIONS` | 4096 | `narad serve`: open connections at most (lowered to fit the file-descriptor limit); beyond it, 503 and close |
+//! | `NARAD_MAX_BODY_BUFFER_BYTES` | 268435456 | request body bytes held by the process at once; a request over it gets 503 with `Retry-After` |
 //! | `NARAD_STORE_LATENCY_MS` | 0 | **benchmarks only**: adds this many milliseconds to every storage request, to measure a local store with a remote store's round-trip time |
 //! | `NARAD_TEST_CLOCK_FILE` | (unset) | **tests only**: read "now" (ms since the epoch) from this file on every clock read, so a test can move an external server's time |
 //!
@@ -50,6 +54,31 @@ impl Default for BrokerOptions {
             segment_cache_bytes: 64 << 20,
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
+        }
+    }
+}
+
+/// Limits of the HTTP edge (read from the `NARAD_*` variables above).
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// `narad serve`: longest wait for a request's headers, and longest idle time
+    /// between requests on a kept-alive connection.
+    pub header_timeout: Duration,
+    /// Longest time to receive a request body (408 after it).
+    pub body_timeout: Duration,
+    /// `narad serve`: open connections at most, before the file-descriptor limit lowers it.
+    pub max_connections: usize,
+    /// Request body bytes held by the process at once (503 beyond it).
+    pub max_body_buffer: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            max_body_buffer: 256 << 20,
         }
     }
 }
@@ -94,6 +123,8 @@ pub struct Config {
     pub receipt_keys: Vec<Vec<u8>>,
     /// Broker limits.
     pub broker: BrokerOptions,
+    /// HTTP edge limits.
+    pub http: HttpOptions,
     /// Benchmark emulation only: latency added to every storage request
     /// (`NARAD_STORE_LATENCY_MS`, 0 to 5000; default 0, none).
     pub store_latency: Duration,
@@ -147,6 +178,7 @@ impl Config {
             auth,
             receipt_keys,
             broker: broker_options(&get)?,
+            http: http_options(&get)?,
             store_latency: Duration::from_millis(bounded(
                 &get,
                 "NARAD_STORE_LATENCY_MS",
@@ -209,6 +241,31 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
         )? as usize,
         commit_linger: ms("NARAD_COMMIT_LINGER_MS", defaults.commit_linger, 0, 1000)?,
         topic_cache: ms("NARAD_TOPIC_CACHE_MS", defaults.topic_cache, 0, 60_000)?,
+    })
+}
+
+/// The HTTP edge limits from the `NARAD_*` variables, each within its range.
+fn http_options(get: &impl Fn(&str) -> Option<String>) -> Result<HttpOptions, ConfigError> {
+    let d = HttpOptions::default();
+    let num = |var, default, lo, hi| bounded(get, var, default, lo, hi);
+    let ms = |var, default: Duration, lo, hi| {
+        num(var, default.as_millis() as u64, lo, hi).map(Duration::from_millis)
+    };
+    Ok(HttpOptions {
+        header_timeout: ms("NARAD_HEADER_TIMEOUT_MS", d.header_timeout, 100, 600_000)?,
+        body_timeout: ms("NARAD_BODY_TIMEOUT_MS", d.body_timeout, 100, 600_000)?,
+        max_connections: num(
+            "NARAD_MAX_CONNECTIONS",
+            d.max_connections as u64,
+            1,
+            1 << 20,
+        )? as usize,
+        max_body_buffer: num(
+            "NARAD_MAX_BODY_BUFFER_BYTES",
+            d.max_body_buffer as u64,
+            1 << 20,
+            64 << 30,
+        )? as usize,
     })
 }
 

@@ -331,11 +331,12 @@ impl Server {
             user: USER.into(),
             password: PASS.into(),
         }];
-        let app = narad_shared::http::router(Arc::new(broker), &users);
+        let http = narad_shared::config::HttpOptions::default();
+        let app = narad_shared::http::router(Arc::new(broker), &users, &http);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
+            narad_shared::http::serve(listener, app, &http, std::future::pending()).await;
         });
         Self {
             base: format!("http://{addr}"),

@@ -118,7 +118,8 @@ impl Servers {
     /// One server inside this process, on `broker`.
     pub async fn in_process(broker: Broker, users: &[Credential]) -> Result<Self, String> {
         let broker = Arc::new(broker);
-        let app = http::router(broker.clone(), users);
+        let opts = narad_shared::config::HttpOptions::default();
+        let app = http::router(broker.clone(), users, &opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| e.to_string())?;
@@ -127,7 +128,7 @@ impl Servers {
             listener.local_addr().map_err(|e| e.to_string())?
         );
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            http::serve(listener, app, &opts, std::future::pending()).await;
         });
         Ok(Self {
             bases: vec![base],

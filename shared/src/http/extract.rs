@@ -103,6 +103,11 @@ pub(super) async fn read_body(
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) if super::admission::is_body_timeout(&*e) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time",
+        )),
         Err(_) => Err(ApiError::bad_request("could not read the request body")),
     }
 }

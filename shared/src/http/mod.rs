@@ -3,15 +3,18 @@
 //!
 //! Every route under `/v1` needs HTTP Basic auth ([`auth`]); `/health` and `/metrics` do
 //! not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
-//! limits in [`limits`], response shapes in [`views`], and [`error`] the one place where
-//! broker errors become statuses and JSON error codes. Handlers parse, call one broker
-//! operation, and render: they hold no logic of their own.
+//! limits in [`limits`], the request-body budget and deadline in [`admission`], response
+//! shapes in [`views`], and [`error`] the one place where broker errors become statuses
+//! and JSON error codes. Handlers parse, call one broker operation, and render: they hold
+//! no logic of their own.
 
+mod admission;
 mod auth;
 pub mod error;
 mod extract;
 mod handlers;
 pub mod limits;
+mod serve;
 mod views;
 
 use std::sync::Arc;
@@ -22,23 +25,28 @@ use axum::Router;
 
 pub use error::ApiError;
 pub use extract::parse_wait;
+pub use serve::{connection_limit, serve};
 pub use views::rfc3339_ms;
 
 use crate::broker::Broker;
-use crate::config::Credential;
+use crate::config::{Credential, HttpOptions};
 
 #[derive(Clone)]
 struct AppState {
     broker: Arc<Broker>,
     /// SHA-256 of each accepted `user:password`.
     credentials: Arc<Vec<[u8; 32]>>,
+    /// The request-body budget and deadline.
+    admission: admission::Admission,
 }
 
-/// Builds the router over `broker`, admitting `users`.
-pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
+/// Builds the router over `broker`, admitting `users`, within the edge limits `http`.
+pub fn router(broker: Arc<Broker>, users: &[Credential], http: &HttpOptions) -> Router {
+    let largest = broker.options().max_message_bytes;
     let state = AppState {
         broker,
         credentials: Arc::new(auth::digests(users)),
+        admission: admission::Admission::new(http.max_body_buffer, http.body_timeout, largest),
     };
     let v1 = Router::new()
         .route("/v1/topics", get(handlers::topics::list))
@@ -59,6 +67,11 @@ pub fn router(broker: Arc<Broker>, users: &[Credential]) -> Router {
             get(handlers::consume::consume),
         )
         .route("/v1/topics/{topic}/ack", post(handlers::ack::ack))
+        // Inside auth: an unauthenticated request reserves nothing.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admission::admit,
+        ))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_auth,
