@@ -1,7 +1,9 @@
 //! Receipt handles: signed proof that a consumer holds a lease.
 //!
 //! A handle is `v1.{claims}.{mac}`, both parts unpadded base64url. The claims are a
-//! small JSON object naming the signing key id, topic, partition, offset and lease id;
+//! small JSON object naming the signing key id, topic, the topic's incarnation (a tag of
+//! it: a handle of a deleted topic is no good for a new topic of the same name),
+//! partition, offset and lease id;
 //! the MAC is HMAC-SHA256 over `narad-receipt-v1.{claims}` with the key the id names.
 //! Several keys may be configured: the first signs, all verify, so keys can rotate.
 //!
@@ -36,6 +38,10 @@ pub struct Claims {
     /// Topic name.
     #[serde(rename = "t")]
     pub topic: String,
+    /// [`incarnation_tag`] of the topic incarnation the lease was granted in; empty in
+    /// handles signed before it was added (those are checked without it).
+    #[serde(rename = "i", default, skip_serializing_if = "String::is_empty")]
+    pub incarnation: String,
     /// Partition.
     #[serde(rename = "p")]
     pub partition: u32,
@@ -76,6 +82,16 @@ impl std::fmt::Debug for Receipts {
         let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
         f.debug_struct("Receipts").field("key_ids", &ids).finish()
     }
+}
+
+/// A short tag of a topic incarnation for receipt claims: 12 hex digits of a hash (ids
+/// created in the same millisecond share their first digits, so they are not used as is).
+pub fn incarnation_tag(incarnation: &str) -> String {
+    let d = Sha256::new()
+        .chain_update(b"narad-incarnation")
+        .chain_update(incarnation.as_bytes())
+        .finalize();
+    d[..6].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The id of a key: 8 hex digits of a hash, safe to show.
@@ -199,6 +215,7 @@ mod tests {
     fn claims() -> Claims {
         Claims {
             topic: "orders".into(),
+            incarnation: "0123456789ab".into(),
             partition: 2,
             offset: 42,
             lease_id: 7,

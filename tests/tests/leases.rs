@@ -423,3 +423,29 @@ async fn two_servers_on_one_store_share_leases() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["partitions"][0]["frontier"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_of_a_deleted_topic_is_gone_for_its_successor() {
+    let s = Server::start().await;
+    s.create_topic("r", json!({})).await;
+    s.produce("r", "first life").await;
+    let old = s.consume("r", "").await.unwrap();
+    let r = s.req(Method::DELETE, "/v1/topics/r").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // The same name again: same partition, offset and lease id as before.
+    s.create_topic("r", json!({})).await;
+    s.produce("r", "second life").await;
+    let new = s.consume("r", "").await.unwrap();
+    assert_eq!(
+        (new["partition"].clone(), new["offset"].clone()),
+        (old["partition"].clone(), old["offset"].clone())
+    );
+    assert_ne!(
+        handle(&old),
+        handle(&new),
+        "a handle names its topic incarnation"
+    );
+    let r = s.ack_raw("r", &handle(&old), "").await;
+    assert_eq!(code(r).await.0, StatusCode::GONE);
+    assert_eq!(s.ack("r", &handle(&new), "").await, StatusCode::NO_CONTENT);
+}

@@ -121,6 +121,7 @@ impl Broker {
             let Some(msg) = msg else { continue };
             let claims = Claims {
                 topic: topic.name.clone(),
+                incarnation: crate::receipt::incarnation_tag(&topic.incarnation),
                 partition,
                 offset: g.offset,
                 lease_id: g.lease_id,

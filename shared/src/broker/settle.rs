@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::{Broker, Settle};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::receipt::Claims;
+use crate::receipt::{incarnation_tag, Claims};
 use crate::topic::Topic;
 
 impl Broker {
@@ -60,10 +60,15 @@ impl Broker {
     ) -> BrokerResult<Vec<BrokerResult<()>>> {
         let mut tasks = tokio::task::JoinSet::new();
         let mut results: Vec<Option<BrokerResult<()>>> = vec![None; entries.len()];
+        let tag = incarnation_tag(&topic.incarnation);
         for (i, (c, (_, action))) in claims.iter().zip(entries).enumerate() {
             match c {
                 Err(e) => results[i] = Some(Err(e.clone())),
-                Ok(c) if c.partition >= topic.settings.partitions => {
+                // Granted in another incarnation of the topic (deleted and created again).
+                Ok(c)
+                    if c.partition >= topic.settings.partitions
+                        || (!c.incarnation.is_empty() && c.incarnation != tag) =>
+                {
                     if topic.from_cache {
                         return Err(BrokerError::StaleTopic);
                     }
