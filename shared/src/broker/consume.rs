@@ -5,6 +5,11 @@
 //! lease's message is read (from the segment cache when this process wrote or read it)
 //! and its receipt handle signed over (topic, partition, offset, lease id). Messages
 //! parked for dead-lettering go to [`Broker::dead_letter`] instead of the consumer.
+//!
+//! A response carries at most [`MAX_CONSUME_RESPONSE_BYTES`] (its first message always,
+//! whatever its size): each partition is asked for no more payload than the room left
+//! (by its segments' average message size), and a message that still does not fit once
+//! read is released ([`Settle::Release`]: available again, its delivery not counted).
 
 use std::time::Duration;
 
@@ -13,12 +18,23 @@ use bytes::Bytes;
 use super::long_poll::Gauge;
 use super::{check_partition, Broker};
 use crate::error::BrokerResult;
-use crate::partition::{Grant, Layout};
+use crate::partition::{Grant, Layout, Settle};
 use crate::receipt::Claims;
 use crate::topic::Topic;
 
 /// Most messages one consume may return.
 pub const MAX_CONSUME_BATCH: usize = 100;
+
+/// Most bytes of JSON one consume response carries, its first message excepted (below
+/// Lambda's 6 MB response limit, with room for API Gateway's envelope).
+pub const MAX_CONSUME_RESPONSE_BYTES: usize = 4 << 20;
+
+/// An upper bound of the JSON one delivery adds to a response: the payload grows by half
+/// at most (`payload.rs`), a key by six times (escaping), and the handle and fields take
+/// a few hundred bytes plus the topic name.
+fn rendered_bound(d: &Delivery) -> usize {
+    d.payload.len() * 3 / 2 + d.key.as_ref().map_or(0, |k| k.len() * 6) + 512 + d.topic.len() * 3
+}
 
 /// A message handed to a consumer (or read by replay, without a handle).
 #[derive(Debug, Clone)]
@@ -88,36 +104,55 @@ impl Broker {
             }
         };
         let mut out = Vec::new();
+        let mut used = 0;
         for p in order {
-            if out.len() >= max {
+            if out.len() >= max || used >= MAX_CONSUME_RESPONSE_BYTES {
                 break;
             }
-            let answer = self.committer.lease(topic, p, max - out.len()).await?;
+            // Payload bytes by estimate: the rendered bound is about 1.5 times that.
+            let room = (MAX_CONSUME_RESPONSE_BYTES - used) as u64 * 2 / 3;
+            let answer = self
+                .committer
+                .lease(topic, p, (max - out.len(), room))
+                .await?;
             self.changed(topic, p);
             for g in answer.leased.dead {
                 self.dead_letter(topic, p, &answer.layout, g).await;
             }
             let grants = answer.leased.grants;
-            out.extend(self.deliver(topic, p, &answer.layout, grants).await?);
+            let delivered = self.deliver(topic, p, &answer.layout, &grants).await?;
+            for (d, g) in delivered {
+                let bound = rendered_bound(&d);
+                if out.is_empty() || used + bound <= MAX_CONSUME_RESPONSE_BYTES {
+                    used += bound;
+                    out.push(d);
+                } else {
+                    // No room: give it back as if never leased (it lapses if this fails).
+                    let _ = self
+                        .committer
+                        .settle(topic, p, g.offset, g.lease_id, Settle::Release)
+                        .await;
+                }
+            }
         }
         Ok(out)
     }
 
     /// Reads the leased messages and signs their handles. A message retention removed
     /// meanwhile is left out (its lease then lapses harmlessly).
-    async fn deliver(
+    async fn deliver<'g>(
         &self,
         topic: &Topic,
         partition: u32,
         layout: &Layout,
-        grants: Vec<Grant>,
-    ) -> BrokerResult<Vec<Delivery>> {
+        grants: &'g [Grant],
+    ) -> BrokerResult<Vec<(Delivery, &'g Grant)>> {
         let offsets: Vec<u64> = grants.iter().map(|g| g.offset).collect();
         let messages = self
             .messages(&topic.name, partition, layout, &offsets, true)
             .await?;
         let mut out = Vec::with_capacity(grants.len());
-        for (g, msg) in grants.into_iter().zip(messages) {
+        for (g, msg) in grants.iter().zip(messages) {
             let Some(msg) = msg else { continue };
             let claims = Claims {
                 topic: topic.name.clone(),
@@ -126,7 +161,7 @@ impl Broker {
                 offset: g.offset,
                 lease_id: g.lease_id,
             };
-            out.push(Delivery {
+            let d = Delivery {
                 topic: topic.name.clone(),
                 partition,
                 offset: g.offset,
@@ -135,7 +170,8 @@ impl Broker {
                 receipt_handle: Some(self.receipts.sign(&claims)),
                 delivery_count: g.delivery_count,
                 produced_at_ms: msg.produced_at_ms,
-            });
+            };
+            out.push((d, g));
         }
         Ok(out)
     }

@@ -41,7 +41,7 @@ use crate::store::DynStore;
 
 pub use crate::partition::Settle;
 pub use crate::topic::Topic;
-pub use consume::{Delivery, MAX_CONSUME_BATCH};
+pub use consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 pub use produce::{NewMessage, Produced};
 pub use topics::PartitionStats;
 
@@ -161,7 +161,7 @@ impl Broker {
     ///
     /// Errors: the commit's failure.
     pub async fn apply_retention(&self, topic: &Topic, partition: u32) -> BrokerResult<()> {
-        self.committer.lease(topic, partition, 0).await?;
+        self.committer.lease(topic, partition, (0, 0)).await?;
         self.changed(topic, partition);
         Ok(())
     }

@@ -124,9 +124,10 @@ fn split(pending: Vec<Pending>) -> (Batch, Replies, String) {
                 batch.settles.push(op);
                 replies.settled.push(tx);
             }
-            Op::Lease(max, tx) => {
+            Op::Lease(max, max_bytes, tx) => {
                 batch.leases.push(batch::LeaseOp {
                     max,
+                    max_bytes,
                     rules: p.rules,
                 });
                 replies.leased.push(tx);

@@ -92,7 +92,7 @@ impl Caches {
 /// One queued operation with the channel its caller waits on.
 enum Op {
     Produce(Vec<NewStored>, oneshot::Sender<BrokerResult<Vec<u64>>>),
-    Lease(usize, oneshot::Sender<BrokerResult<LeaseAnswer>>),
+    Lease(usize, u64, oneshot::Sender<BrokerResult<LeaseAnswer>>),
     Settle(SettleOp, oneshot::Sender<BrokerResult<()>>),
     Compact(Vec<Swap>, oneshot::Sender<BrokerResult<u64>>),
 }
@@ -234,17 +234,18 @@ impl Committer {
         answer(rx).await
     }
 
-    /// Leases up to `max` available messages (0: a commit that only applies retention).
+    /// Leases up to `max` available messages of about `max_bytes` of payload at most
+    /// (the first whatever its size; 0 messages: a commit that only applies retention).
     ///
     /// Errors: as [`Committer::produce`].
     pub async fn lease(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
-        max: usize,
+        (max, max_bytes): (usize, u64),
     ) -> BrokerResult<LeaseAnswer> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, Op::Lease(max, tx));
+        self.enqueue(topic, partition, Op::Lease(max, max_bytes, tx));
         answer(rx).await
     }
 

@@ -1,8 +1,9 @@
 //! Every limit the HTTP edge enforces on a request, in one place. The payload limit is
 //! the broker's (`NARAD_MAX_MESSAGE_BYTES`, [`crate::config::BrokerOptions`]); a consume
-//! returns at most [`MAX_CONSUME_BATCH`] messages.
+//! returns at most [`MAX_CONSUME_BATCH`] messages in at most [`MAX_CONSUME_RESPONSE_BYTES`]
+//! of JSON (its first message whatever its size).
 
-pub use crate::broker::MAX_CONSUME_BATCH;
+pub use crate::broker::{MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 
 /// Largest settings body accepted (create and change).
 pub const MAX_SETTINGS_BODY: usize = 64 * 1024;

@@ -40,6 +40,8 @@ pub struct SettleOp {
 pub struct LeaseOp {
     /// Most leases wanted (0: none, a commit that only applies retention).
     pub max: usize,
+    /// Most payload bytes wanted (estimated; the first lease is granted whatever its size).
+    pub max_bytes: u64,
     /// The topic's rules as the caller saw them.
     pub rules: Rules,
 }
@@ -171,7 +173,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     }
     let mut cursor = Cursor::new(m, now);
     for op in &batch.leases {
-        let got = lease::lease(m, now, &op.rules, op.max, &mut cursor);
+        let got = lease::lease(m, now, &op.rules, (op.max, op.max_bytes), &mut cursor);
         changed |= !got.grants.is_empty() || !got.dead.is_empty();
         out.leased.push(got);
     }
@@ -344,7 +346,11 @@ mod tests {
             action: Settle::Ack,
             rules: r,
         });
-        batch.leases.push(LeaseOp { max: 5, rules: r });
+        batch.leases.push(LeaseOp {
+            max: 5,
+            max_bytes: u64::MAX,
+            rules: r,
+        });
         let a = applied(run(&mut m, 10, &batch));
         assert_eq!(a.produced, vec![Some(vec![2])]);
         assert_eq!(a.settled, vec![Ok(())]);
@@ -362,6 +368,7 @@ mod tests {
         let mut batch = Batch::new(rules());
         batch.leases.push(LeaseOp {
             max: 1,
+            max_bytes: u64::MAX,
             rules: rules(),
         });
         batch.settles.push(SettleOp {
@@ -428,7 +435,11 @@ mod tests {
             assert!(m.locate(o).is_some(), "offset {o}");
         }
         let mut batch = Batch::new(r);
-        batch.leases.push(LeaseOp { max: 3, rules: r });
+        batch.leases.push(LeaseOp {
+            max: 3,
+            max_bytes: u64::MAX,
+            rules: r,
+        });
         let a = applied(run(&mut m, 30_000, &batch));
         let got: Vec<u64> = a.leased[0].grants.iter().map(|g| g.offset).collect();
         assert_eq!(got, vec![0, 1, 2], "indexed messages are leased in order");
@@ -477,6 +488,7 @@ mod tests {
                 }
                 batch.leases.push(LeaseOp {
                     max: rng.gen_range(0..3),
+                    max_bytes: u64::MAX,
                     rules: r,
                 });
                 let before = m.clone();

@@ -70,14 +70,26 @@ impl Cursor {
     }
 }
 
-/// Leases up to `max` available messages of `m` at `now`, lowest offsets first. The
-/// lease id is `m.version` (the version this write will have).
-pub fn lease(m: &mut Manifest, now: u64, rules: &Rules, max: usize, cur: &mut Cursor) -> Leased {
+/// Leases up to `max` available messages of `m` at `now`, lowest offsets first, and no
+/// more than `max_bytes` of payload by [`Manifest::message_bytes_estimate`] (the first
+/// message always). The lease id is `m.version` (the version this write will have).
+pub fn lease(
+    m: &mut Manifest,
+    now: u64,
+    rules: &Rules,
+    (max, max_bytes): (usize, u64),
+    cur: &mut Cursor,
+) -> Leased {
     let mut out = Leased::default();
+    let mut bytes = 0u64;
     while out.grants.len() < max {
         let Some(offset) = cur.pick(m, now, rules) else {
             break;
         };
+        let size = m.message_bytes_estimate(offset);
+        if !out.grants.is_empty() && bytes.saturating_add(size) > max_bytes {
+            break;
+        }
         let version = m.version;
         let lease = m.leases.entry(offset).or_insert(Lease {
             lease_id: 0,
@@ -99,6 +111,7 @@ pub fn lease(m: &mut Manifest, now: u64, rules: &Rules, max: usize, cur: &mut Cu
         }
         lease.deadline_ms = now + rules.visibility_timeout_ms;
         lease.delivery_count += 1;
+        bytes = bytes.saturating_add(size);
         out.grants.push(Grant {
             offset,
             lease_id: version,
@@ -119,7 +132,7 @@ mod tests {
 
     fn lease_now(m: &mut Manifest, now: u64, rules: &Rules, max: usize) -> Leased {
         let mut cur = Cursor::new(m, now);
-        lease(m, now, rules, max, &mut cur)
+        lease(m, now, rules, (max, u64::MAX), &mut cur)
     }
 
     #[test]
@@ -197,8 +210,21 @@ mod tests {
     fn one_cursor_serves_several_requests_in_a_batch() {
         let mut m = manifest_with(4);
         let mut cur = Cursor::new(&m, 0);
-        let a = lease(&mut m, 0, &rules(), 2, &mut cur);
-        let b = lease(&mut m, 0, &rules(), 3, &mut cur);
+        let a = lease(&mut m, 0, &rules(), (2, u64::MAX), &mut cur);
+        let b = lease(&mut m, 0, &rules(), (3, u64::MAX), &mut cur);
         assert_eq!((offsets(&a), offsets(&b)), (vec![0, 1], vec![2, 3]));
+    }
+
+    #[test]
+    fn leases_stop_at_the_byte_budget_but_always_grant_one() {
+        // manifest_with(n): one segment of n messages, a byte each.
+        let mut m = manifest_with(6);
+        let size = m.message_bytes_estimate(0);
+        assert!(size > 0);
+        let mut cur = Cursor::new(&m, 0);
+        let got = lease(&mut m, 0, &rules(), (6, size * 3 + size / 2), &mut cur);
+        assert_eq!(offsets(&got), vec![0, 1, 2]);
+        let got = lease(&mut m, 0, &rules(), (6, 0), &mut cur);
+        assert_eq!(offsets(&got), vec![3], "one message whatever its size");
     }
 }

@@ -216,6 +216,18 @@ impl Manifest {
         )
     }
 
+    /// The average payload size of the segment (or index) holding `offset`: what leasing
+    /// it is expected to add to a response; 0 when it is not retained.
+    pub fn message_bytes_estimate(&self, offset: u64) -> u64 {
+        match self.locate(offset) {
+            Some(Located::Hot(s)) => s.bytes.div_ceil(u64::from(s.count.max(1))),
+            Some(Located::Indexed(r)) => r
+                .bytes
+                .div_ceil(r.end_offset.saturating_sub(r.base_offset).max(1)),
+            None => 0,
+        }
+    }
+
     /// The hot segment holding `offset`, if any.
     pub fn segment_for(&self, offset: u64) -> Option<&SegmentRef> {
         hot_segment(&self.segments, offset)

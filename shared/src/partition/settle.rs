@@ -5,6 +5,8 @@
 //! contiguous acked offset; acking above it joins the acked-ahead set, refused with
 //! [`Refused::AckedAheadFull`] when that set is at its limit. Extend restarts the
 //! visibility window from now; nack ends the lease at once (the delivery count stays).
+//! Release (internal, never from a client) ends it as if it had not been granted: a
+//! consume that leased more than its response can carry gives the rest back this way.
 
 use super::{Manifest, Rules};
 
@@ -17,6 +19,9 @@ pub enum Settle {
     Extend,
     /// Make the message available again at once.
     Nack,
+    /// Make the message available again at once and take back its delivery: the
+    /// consumer never saw it (the response had no room for it).
+    Release,
 }
 
 /// Why a partition refused a settle.
@@ -61,13 +66,19 @@ pub fn settle(
             m.leases.remove(&o);
             m.acked_ahead.insert(o);
         }
-        Settle::Extend | Settle::Nack => {
+        Settle::Extend | Settle::Nack | Settle::Release => {
             if let Some(l) = m.leases.get_mut(&o) {
                 l.deadline_ms = if action == Settle::Extend {
                     now + rules.visibility_timeout_ms
                 } else {
                     0
                 };
+                if action == Settle::Release {
+                    l.delivery_count = l.delivery_count.saturating_sub(1);
+                    if l.delivery_count == 0 {
+                        m.leases.remove(&o);
+                    }
+                }
             }
         }
     }
@@ -139,6 +150,17 @@ mod tests {
         settle(&mut m, 500, &rules(), 1, 7, Settle::Nack).unwrap();
         assert!(m.is_available(1, 500));
         assert_eq!(m.leases[&1].delivery_count, 1);
+        // Release takes the delivery back too.
+        leased(&mut m, &[0], 8, 1000);
+        if let Some(l) = m.leases.get_mut(&0) {
+            l.delivery_count = 2;
+        }
+        settle(&mut m, 500, &rules(), 0, 8, Settle::Release).unwrap();
+        assert_eq!(m.leases[&0].delivery_count, 1);
+        assert!(m.is_available(0, 500));
+        leased(&mut m, &[0], 9, 1000);
+        settle(&mut m, 500, &rules(), 0, 9, Settle::Release).unwrap();
+        assert!(!m.leases.contains_key(&0), "never delivered now");
         // The nacked handle is spent.
         assert_eq!(
             settle(&mut m, 500, &rules(), 1, 7, Settle::Ack),
