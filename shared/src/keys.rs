@@ -23,13 +23,15 @@ pub const RECEIPT_KEY: &str = "system/receipt-key.json";
 #[error("invalid topic name: {0}")]
 pub struct InvalidTopic(pub &'static str);
 
-/// Checks a topic name: 1–200 characters from `[A-Za-z0-9._-]`, and not `.` or `..`.
+/// Checks a topic name: 1–200 characters from `[A-Za-z0-9._-]`, not starting with `.`. Every
+/// store accepts every name this accepts (the one rule for all stores).
 pub fn validate_topic(name: &str) -> Result<(), InvalidTopic> {
     if name.is_empty() || name.len() > 200 {
         return Err(InvalidTopic("must be 1 to 200 characters"));
     }
-    if name == "." || name == ".." {
-        return Err(InvalidTopic("must not be '.' or '..'"));
+    // A leading dot would name hidden files and the file store's own `.tmp` and `.lock`.
+    if name.starts_with('.') {
+        return Err(InvalidTopic("must not start with '.'"));
     }
     if !name
         .bytes()
@@ -121,10 +123,24 @@ mod tests {
 
     #[test]
     fn topic_names() {
-        for ok in ["a", "orders", "A.b_c-1", &"x".repeat(200), "..."] {
+        for ok in ["a", "orders", "A.b_c-1", &"x".repeat(200), "a..", "_x", "-x"] {
             assert!(validate_topic(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(201), "é", "a%2F"] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "...",
+            ".tmp",
+            ".tmp-x",
+            ".lock",
+            ".hidden",
+            "a/b",
+            "a b",
+            &"x".repeat(201),
+            "é",
+            "a%2F",
+        ] {
             assert!(validate_topic(bad).is_err(), "{bad}");
         }
     }

@@ -10,6 +10,10 @@
 //! processes that share the directory (on one machine; not over NFS). Reads take no lock.
 //!
 //! ETags are content hashes (like S3's MD5 ETags): equal bytes give equal ETags.
+//!
+//! The store holds the receipt-signing key and every payload, so it is private to the
+//! user running Narad: directories are created 0700 and files 0600 (on Unix), and opening
+//! a store makes its root 0700 (which also closes off files an older version left 0644).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -38,8 +42,9 @@ impl FileStore {
         let root = path.as_ref().to_path_buf();
         let r = root.clone();
         blocking(move || {
-            fs::create_dir_all(r.join(TMP_DIR))?;
-            OpenOptions::new()
+            create_dirs(&r.join(TMP_DIR))?;
+            private(&r)?;
+            private_file()
                 .create(true)
                 .truncate(false)
                 .write(true)
@@ -107,7 +112,7 @@ struct LockGuard(File);
 
 impl LockGuard {
     fn acquire(root: &Path) -> io::Result<Self> {
-        let f = OpenOptions::new()
+        let f = private_file()
             .create(true)
             .truncate(false)
             .write(true)
@@ -134,12 +139,16 @@ fn read_opt(path: &Path) -> io::Result<Option<Vec<u8>>> {
 
 fn write_atomic(root: &Path, path: &Path, data: &[u8]) -> io::Result<()> {
     let tmp = root.join(TMP_DIR).join(uuid::Uuid::new_v4().to_string());
-    let mut f = File::create(&tmp)?;
+    let mut f = private_file()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
     f.write_all(data)?;
     f.sync_data()?;
     drop(f);
     let parent = path.parent().unwrap_or(root);
-    fs::create_dir_all(parent)?;
+    create_dirs(parent)?;
     if let Err(e) = fs::rename(&tmp, path) {
         let _ = fs::remove_file(&tmp);
         return Err(e);
@@ -147,6 +156,41 @@ fn write_atomic(root: &Path, path: &Path, data: &[u8]) -> io::Result<()> {
     if let Ok(dir) = File::open(parent) {
         let _ = dir.sync_all();
     }
+    Ok(())
+}
+
+/// Open options for a file only its owner may read or write.
+fn private_file() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600);
+    }
+    o
+}
+
+/// Creates `dir` and its missing parents, each only its owner may enter.
+fn create_dirs(dir: &Path) -> io::Result<()> {
+    let mut b = fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        b.mode(0o700);
+    }
+    b.create(dir)
+}
+
+/// Makes `dir` private to its owner (0700).
+fn private(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
     Ok(())
 }
 
