@@ -56,8 +56,7 @@ async fn poison_messages_move_to_the_dead_letter_topic() {
     // Counters are per process: only an in-process server's are exact.
     if narad_tests::external_url().is_none() {
         let metrics = s
-            .http
-            .get(s.url("/metrics"))
+            .req(reqwest::Method::GET, "/metrics")
             .send()
             .await
             .unwrap()

@@ -112,6 +112,8 @@ pub struct Servers {
     local: Option<(Arc<Broker>, tokio::task::JoinHandle<()>)>,
     children: Vec<Child>,
     http: reqwest::Client,
+    /// The credentials `/metrics` of the child processes asks for.
+    auth: Option<(String, String)>,
 }
 
 impl Servers {
@@ -135,6 +137,7 @@ impl Servers {
             local: Some((broker, task)),
             children: Vec::new(),
             http: reqwest::Client::new(),
+            auth: None,
         })
     }
 
@@ -178,6 +181,9 @@ impl Servers {
             local: None,
             children,
             http: reqwest::Client::new(),
+            auth: auth
+                .split_once(':')
+                .map(|(u, p)| (u.to_owned(), p.to_owned())),
         })
     }
 
@@ -188,9 +194,11 @@ impl Servers {
         }
         let mut total = Snapshot::default();
         for b in &self.bases {
-            let text = self
-                .http
-                .get(format!("{b}/metrics"))
+            let mut req = self.http.get(format!("{b}/metrics"));
+            if let Some((u, p)) = &self.auth {
+                req = req.basic_auth(u, Some(p));
+            }
+            let text = req
                 .send()
                 .await
                 .map_err(|e| e.to_string())?

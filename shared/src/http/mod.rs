@@ -1,8 +1,8 @@
 //! The HTTP API (docs/design.md §1): one axum [`Router`] used by `narad serve` and by the
 //! Lambda function alike.
 //!
-//! Every route under `/v1` needs HTTP Basic auth ([`auth`]); `/health` and `/metrics` do
-//! not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
+//! Every route under `/v1` and `/metrics` needs HTTP Basic auth ([`auth`]); `/health`
+//! does not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
 //! limits in [`limits`], the request-body budget and deadline in [`admission`], response
 //! shapes in [`views`], and [`error`] the one place where broker errors become statuses
 //! and JSON error codes. Handlers parse, call one broker operation, and render: they hold
@@ -67,6 +67,7 @@ pub fn router(broker: Arc<Broker>, users: &[Credential], http: &HttpOptions) -> 
             get(handlers::consume::consume),
         )
         .route("/v1/topics/{topic}/ack", post(handlers::ack::ack))
+        .route("/metrics", get(handlers::ops::metrics))
         // Inside auth: an unauthenticated request reserves nothing.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -78,7 +79,6 @@ pub fn router(broker: Arc<Broker>, users: &[Credential], http: &HttpOptions) -> 
         ));
     Router::new()
         .route("/health", get(handlers::ops::health))
-        .route("/metrics", get(handlers::ops::metrics))
         .merge(v1)
         .fallback(handlers::ops::not_found)
         .method_not_allowed_fallback(handlers::ops::method_not_allowed)

@@ -12,7 +12,7 @@ pub(in crate::http) async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /metrics`: Prometheus text format (no auth; no topic names or payloads).
+/// `GET /metrics`: Prometheus text format (auth like `/v1`; no topic names or payloads).
 pub(in crate::http) async fn metrics(State(s): State<AppState>) -> Response {
     (
         [(
