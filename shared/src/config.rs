@@ -11,6 +11,7 @@
 //! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store |
 //! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
 //! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
+//! | `NARAD_MAX_TOPICS` | 10000 | topics a store may hold; creating one more gets 409 `too_many_topics` |
 //! | `NARAD_COMMIT_LINGER_MS` | 2 | how long a group commit waits for more operations to join |
 //! | `NARAD_HEADER_TIMEOUT_MS` | 10000 | `narad serve`: a connection that takes longer to send a request's headers, or sits idle between requests longer, is closed |
 //! | `NARAD_BODY_TIMEOUT_MS` | 30000 | a request body not received within this long gets 408 |
@@ -43,6 +44,8 @@ pub struct BrokerOptions {
     pub topic_cache: Duration,
     /// How long a group commit waits for more operations to join it.
     pub commit_linger: Duration,
+    /// Topics the store may hold.
+    pub max_topics: usize,
 }
 
 impl Default for BrokerOptions {
@@ -54,6 +57,7 @@ impl Default for BrokerOptions {
             segment_cache_bytes: 64 << 20,
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
+            max_topics: 10_000,
         }
     }
 }
@@ -241,6 +245,7 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
         )? as usize,
         commit_linger: ms("NARAD_COMMIT_LINGER_MS", defaults.commit_linger, 0, 1000)?,
         topic_cache: ms("NARAD_TOPIC_CACHE_MS", defaults.topic_cache, 0, 60_000)?,
+        max_topics: num("NARAD_MAX_TOPICS", defaults.max_topics as u64, 1, 1_000_000)? as usize,
     })
 }
 

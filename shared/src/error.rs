@@ -29,6 +29,9 @@ pub enum BrokerError {
     /// The topic exists with other settings.
     #[error("topic already exists with different settings")]
     TopicConflict,
+    /// Creating the topic would exceed `NARAD_MAX_TOPICS`.
+    #[error("the store holds its limit of {0} topics (NARAD_MAX_TOPICS); delete one first")]
+    TooManyTopics(usize),
     /// A setting is unknown or out of range.
     #[error(transparent)]
     InvalidSetting(#[from] InvalidSetting),

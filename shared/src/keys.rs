@@ -123,7 +123,15 @@ mod tests {
 
     #[test]
     fn topic_names() {
-        for ok in ["a", "orders", "A.b_c-1", &"x".repeat(200), "a..", "_x", "-x"] {
+        for ok in [
+            "a",
+            "orders",
+            "A.b_c-1",
+            &"x".repeat(200),
+            "a..",
+            "_x",
+            "-x",
+        ] {
             assert!(validate_topic(ok).is_ok(), "{ok}");
         }
         for bad in [

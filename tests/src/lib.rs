@@ -281,7 +281,7 @@ impl Server {
     /// Deletes every topic through the API, then any object left under `topics/`.
     async fn delete_every_topic(&self) {
         let r = self
-            .req(reqwest::Method::GET, "/v1/topics")
+            .req(reqwest::Method::GET, "/v1/topics?limit=1000")
             .send()
             .await
             .unwrap();
@@ -503,6 +503,9 @@ fn external_options_match(opts: &Options) -> Result<(), String> {
     }
     if want.poll_interval != have.poll_interval {
         return Err(format!("poll_interval={:?}", want.poll_interval));
+    }
+    if want.max_topics != have.max_topics {
+        return Err(format!("max_topics={}", want.max_topics));
     }
     if opts.receipt_keys != cfg.receipt_keys {
         return Err("receipt_keys (another receipt key)".into());

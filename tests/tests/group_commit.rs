@@ -201,7 +201,11 @@ async fn metrics_report_storage_requests_and_commits() {
     s.create_topic("m", json!({})).await;
     s.produce("m", "x").await;
     let r = s.http.get(s.url("/metrics")).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "metrics need credentials");
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "metrics need credentials"
+    );
     let r = s
         .req(reqwest::Method::GET, "/metrics")
         .send()

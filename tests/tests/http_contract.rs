@@ -65,6 +65,7 @@ async fn topic_lifecycle() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["orders", "plain"]);
+    assert!(list["next"].is_null(), "one page holds both");
 
     let t = s.topic("orders").await;
     assert_eq!(t["partitions"].as_array().unwrap().len(), 3);
@@ -279,6 +280,7 @@ async fn auth_is_required() {
         s.http.get(s.url("/v1/topics/t/consume")),
         s.http.post(s.url("/v1/topics/t/ack?receipt_handle=x")),
         s.http.delete(s.url("/v1/topics/t")),
+        s.http.get(s.url("/metrics")),
     ];
     for req in cases {
         let r = req.send().await.unwrap();
@@ -433,4 +435,95 @@ fn futures_stream(
         }
     }
     Iter(items.into_iter())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_list_in_pages() {
+    let s = Server::start().await;
+    let mut want = Vec::new();
+    for i in 0..7 {
+        let name = format!("page-{i}");
+        s.create_topic(&name, json!({})).await;
+        want.push(name);
+    }
+    let mut got = Vec::new();
+    let mut after = String::new();
+    let mut pages = 0;
+    loop {
+        let v: Value = s
+            .req(Method::GET, &format!("/v1/topics?limit=3&after={after}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        pages += 1;
+        let topics = v["topics"].as_array().unwrap();
+        assert!(topics.len() <= 3);
+        got.extend(
+            topics
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_owned()),
+        );
+        match v["next"].as_str() {
+            Some(n) => after = n.to_owned(),
+            None => break,
+        }
+        assert!(pages < 10, "paging never ends");
+    }
+    assert_eq!(got, want, "every topic once, in order");
+    assert_eq!(pages, 3);
+    for bad in ["limit=0", "limit=1001", "limit=x", "limit=2&limit=3"] {
+        let r = s
+            .req(Method::GET, &format!("/v1/topics?{bad}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topic_quota_is_a_clear_409() {
+    let Some(s) = Server::start_with_or_skip(narad_tests::Options {
+        broker: narad_shared::config::BrokerOptions {
+            max_topics: 2,
+            ..narad_tests::Options::default().broker
+        },
+        ..narad_tests::Options::default()
+    })
+    .await
+    else {
+        return;
+    };
+    s.create_topic("q1", json!({})).await;
+    s.create_topic("q2", json!({})).await;
+    let r = s
+        .req(Method::PUT, "/v1/topics/q3")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(r).await,
+        (StatusCode::CONFLICT, "too_many_topics".into())
+    );
+    // An existing topic is still answered as existing.
+    let r = s
+        .req(Method::PUT, "/v1/topics/q1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = s.req(Method::DELETE, "/v1/topics/q2").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = s
+        .req(Method::PUT, "/v1/topics/q3")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
 }

@@ -149,6 +149,14 @@ impl Broker {
             created_at_ms: self.clock.now_ms(),
         };
         let key = keys::topic_settings(name);
+        // The quota, checked before a new topic only (soft: two creates at once may both
+        // pass it).
+        if matches!(self.load_topic(name).await, Err(BrokerError::TopicNotFound)) {
+            let max = self.opts.max_topics;
+            if self.count_topics().await? >= max {
+                return Err(BrokerError::TooManyTopics(max));
+            }
+        }
         let (created, snap) = self
             .record_cell(&key)
             .update(Pure(|cur: &mut Option<TopicRecord>| match cur {
@@ -164,20 +172,52 @@ impl Broker {
         Ok((matches!(created, Created::New), topic))
     }
 
-    /// Every topic, sorted by name.
+    /// Up to `limit` topics after the name `after` (empty: from the first), in key order
+    /// (a name compares as if followed by `/`), and the name to continue after when there
+    /// may be more. One delimited listing plus one read per topic, whatever the topics hold.
     ///
     /// Errors: store failures.
-    pub async fn list_topics(&self) -> BrokerResult<Vec<Topic>> {
-        let keys = self.store.list(keys::TOPICS_PREFIX).await?;
+    pub async fn list_topics(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> BrokerResult<(Vec<Topic>, Option<String>)> {
+        let names = self
+            .store
+            .list_dirs(keys::TOPICS_PREFIX, after, limit)
+            .await?;
+        let next = (names.len() == limit)
+            .then(|| names.last().cloned())
+            .flatten();
+        let valid = names.iter().filter(|n| keys::validate_topic(n).is_ok());
+        let loaded = futures::future::join_all(valid.map(|n| self.load_topic(n))).await;
         let mut out = Vec::new();
-        for name in keys.iter().filter_map(|k| keys::topic_of_settings_key(k)) {
-            match self.load_topic(name).await {
+        for t in loaded {
+            match t {
                 Ok(t) => out.push(t),
+                // Leftovers of a topic being deleted.
                 Err(BrokerError::TopicNotFound) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(out)
+        Ok((out, next))
+    }
+
+    /// How many topics the store holds (their directories: one listing per 1000).
+    async fn count_topics(&self) -> BrokerResult<usize> {
+        let mut n = 0;
+        let mut after = String::new();
+        loop {
+            let page = self
+                .store
+                .list_dirs(keys::TOPICS_PREFIX, &after, 1000)
+                .await?;
+            n += page.len();
+            match page.last() {
+                Some(last) if page.len() == 1000 => after = last.clone(),
+                _ => return Ok(n),
+            }
+        }
     }
 
     /// Changes the settings that can change.

@@ -67,6 +67,7 @@ impl From<BrokerError> for ApiError {
             BrokerError::InvalidTopic(_) => Self::new(S::BAD_REQUEST, "invalid_topic_name", msg),
             BrokerError::TopicNotFound => Self::new(S::NOT_FOUND, "topic_not_found", msg),
             BrokerError::TopicConflict => Self::new(S::CONFLICT, "topic_exists", msg),
+            BrokerError::TooManyTopics(_) => Self::new(S::CONFLICT, "too_many_topics", msg),
             BrokerError::InvalidSetting(_) => Self::new(S::BAD_REQUEST, "invalid_setting", msg),
             BrokerError::NoSuchPartition(_) => Self::new(S::BAD_REQUEST, "invalid_partition", msg),
             BrokerError::PayloadTooLarge(_) => {

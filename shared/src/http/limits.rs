@@ -13,5 +13,9 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub const MAX_IDEMPOTENCY_KEY: usize = 128;
 /// Largest batch body (API Gateway's own limit is 10 MB).
 pub const MAX_BATCH_BODY: usize = 10 << 20;
+/// Topics one `GET /v1/topics` page returns unless `limit` says otherwise.
+pub const DEFAULT_TOPIC_PAGE: usize = 100;
+/// Most topics one `GET /v1/topics` page returns.
+pub const MAX_TOPIC_PAGE: usize = 1000;
 /// Most entries in one batch request.
 pub const MAX_BATCH_ENTRIES: usize = 1000;

@@ -37,6 +37,8 @@ impl TopicView {
 #[derive(Serialize)]
 pub(super) struct TopicList {
     pub(super) topics: Vec<TopicView>,
+    /// The `after` of the next page; null after the last.
+    pub(super) next: Option<String>,
 }
 
 /// One consumed or replayed message.

@@ -303,9 +303,45 @@ impl Store for FileStore {
         .map_err(io_err)
     }
 
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let dir = self.root.join(prefix.trim_end_matches('/'));
+        let after = after.to_owned();
+        blocking(move || {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            };
+            let mut names = Vec::new();
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let reserved = name.starts_with(".tmp") || name == LOCK_FILE;
+                // A directory whose objects were all deleted holds no key.
+                if !reserved && entry.file_type()?.is_dir() && has_file(&entry.path())? {
+                    names.push(name);
+                }
+            }
+            Ok(super::dir_page(names, &after, max))
+        })
+        .await
+        .map_err(io_err)
+    }
+
     fn describe(&self) -> String {
         format!("file://{}", self.root.display())
     }
+}
+
+/// Whether any file lies below `dir` (stops at the first).
+fn has_file(dir: &Path) -> io::Result<bool> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if !entry.file_type()?.is_dir() || has_file(&entry.path())? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

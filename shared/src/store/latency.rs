@@ -61,6 +61,11 @@ impl Store for LatencyStore {
         self.inner.list_after(prefix, after, max).await
     }
 
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.list_dirs(prefix, after, max).await
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (+{} ms emulated latency per request)",

@@ -155,6 +155,12 @@ impl Store for MeteredStore {
         r
     }
 
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let r = self.inner.list_dirs(prefix, after, max).await;
+        self.record(4, &r);
+        r
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

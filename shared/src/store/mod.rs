@@ -192,8 +192,39 @@ pub trait Store: Send + Sync + 'static {
         Ok(keys)
     }
 
+    /// The names directly under `prefix` (which ends with `/`) that have keys below them:
+    /// each distinct next key segment followed by a `/`, strictly after the name `after`
+    /// (empty: from the start), at most `max`, in key order (a name compares as if followed
+    /// by `/`). One page of a delimited listing (`ListObjectsV2` with `Delimiter=/`), so
+    /// its cost does not grow with the objects below each name. The default derives it
+    /// from [`Store::list`].
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let names = self
+            .list(prefix)
+            .await?
+            .iter()
+            .filter_map(|k| k.strip_prefix(prefix)?.split_once('/'))
+            .map(|(d, _)| d.to_owned())
+            .collect();
+        Ok(dir_page(names, after, max))
+    }
+
     /// A short description for logs and startup messages (never contains secrets).
     fn describe(&self) -> String;
+}
+
+/// One page of directory names as [`Store::list_dirs`] returns it, from `names` in any
+/// order, with duplicates.
+pub(crate) fn dir_page(mut names: Vec<String>, after: &str, max: usize) -> Vec<String> {
+    let key = |n: &str| format!("{n}/");
+    names.sort_by_key(|n| key(n));
+    names.dedup();
+    if !after.is_empty() {
+        let from = key(after);
+        names.retain(|n| key(n) > from);
+    }
+    names.truncate(max);
+    names
 }
 
 /// Opens a store from a URL: `file://PATH`, `memory://` or `s3://BUCKET[/PREFIX]`.

@@ -3,28 +3,41 @@
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::error::BrokerError;
-use crate::http::extract::{read_body, topic_name};
-use crate::http::limits::MAX_SETTINGS_BODY;
+use crate::http::extract::{read_body, topic_name, Query};
+use crate::http::limits::{DEFAULT_TOPIC_PAGE, MAX_SETTINGS_BODY, MAX_TOPIC_PAGE};
 use crate::http::views::{TopicList, TopicView};
 use crate::http::{ApiError, AppState};
 use crate::settings::SettingsInput;
 
 type TopicPath = Result<Path<String>, PathRejection>;
 
-/// `GET /v1/topics`: every topic with its settings.
-pub(in crate::http) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let topics = s.broker.list_topics().await?;
+/// `GET /v1/topics[?limit=N][&after=NAME]`: up to `limit` topics (default
+/// [`DEFAULT_TOPIC_PAGE`], at most [`MAX_TOPIC_PAGE`]) with their settings, and `next`:
+/// the `after` for the next page, or null after the last.
+pub(in crate::http) async fn list(
+    State(s): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw, &["limit", "after"])?;
+    let limit = q.number::<usize>("limit")?.unwrap_or(DEFAULT_TOPIC_PAGE);
+    if !(1..=MAX_TOPIC_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_TOPIC_PAGE}"
+        )));
+    }
+    let after = q.get("after").unwrap_or("");
+    let (topics, next) = s.broker.list_topics(after, limit).await?;
     let topics = topics
         .into_iter()
         .map(|t| TopicView::new(t, None))
         .collect();
-    Ok(Json(TopicList { topics }).into_response())
+    Ok(Json(TopicList { topics, next }).into_response())
 }
 
 /// The JSON settings body of a create or change.

@@ -456,6 +456,35 @@ impl Store for S3Store {
         Ok(keys)
     }
 
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        let full_prefix = self.full_key(prefix);
+        // Past every key below `after/` (keys are UTF-8; no character sorts after this one).
+        let start =
+            (!after.is_empty()).then(|| self.full_key(&format!("{prefix}{after}/{}", char::MAX)));
+        let max_keys = i32::try_from(max.clamp(1, 1000)).unwrap_or(1000);
+        let page = retry_safe(|| async {
+            self.client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&full_prefix)
+                .delimiter("/")
+                .set_start_after(start.clone())
+                .max_keys(max_keys)
+                .send()
+                .await
+                .map_err(|err| map_err("ListObjectsV2", &full_prefix, err))
+        })
+        .await?;
+        let names = page
+            .common_prefixes()
+            .iter()
+            .filter_map(|p| p.prefix())
+            .filter_map(|p| p.strip_prefix(&full_prefix))
+            .map(|p| p.trim_end_matches('/').to_owned())
+            .collect();
+        Ok(crate::store::dir_page(names, after, max))
+    }
+
     fn describe(&self) -> String {
         let endpoint = self.endpoint.as_deref().unwrap_or("AWS default");
         format!(

@@ -189,6 +189,25 @@ async fn list_after_pages(s: &dyn Store, p: &str) {
         "list_after must return at most max keys, the first ones"
     );
     assert!(s.list_after(&pre, "2", 10).await.unwrap().is_empty());
+    let list = format!("{p}/list/");
+    let gone = format!("{p}/list/gone/x");
+    s.put_if_absent(&gone, Bytes::from_static(b"."))
+        .await
+        .unwrap();
+    s.delete(&gone).await.unwrap();
+    assert_eq!(
+        s.list_dirs(&list, "", 10).await.unwrap(),
+        vec!["a", "ab", "b"],
+        "list_dirs: the names with keys below them, not plain objects"
+    );
+    assert_eq!(s.list_dirs(&list, "a", 10).await.unwrap(), vec!["ab", "b"]);
+    assert_eq!(s.list_dirs(&list, "", 1).await.unwrap(), vec!["a"]);
+    assert!(s.list_dirs(&list, "b", 10).await.unwrap().is_empty());
+    assert!(s
+        .list_dirs(&format!("{p}/nothing/"), "", 10)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(
         s.list_after(&format!("{p}/list/"), "a/2", 10)
             .await

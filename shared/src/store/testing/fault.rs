@@ -195,6 +195,13 @@ impl Store for FaultStore {
         }
     }
 
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        match self.draw(false, false).await {
+            Fault::Before => Err(unavailable("list")),
+            _ => self.inner.list_dirs(prefix, after, max).await,
+        }
+    }
+
     fn describe(&self) -> String {
         format!("faulty {}", self.inner.describe())
     }

@@ -118,6 +118,13 @@ impl Store for FreezeStore {
         r
     }
 
+    async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
+        self.gate().await;
+        let r = self.inner.list_dirs(prefix, after, max).await;
+        self.gate().await;
+        r
+    }
+
     fn describe(&self) -> String {
         format!("freezable {}", self.inner.describe())
     }
