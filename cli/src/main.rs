@@ -1,8 +1,9 @@
 //! `narad`: the broker as one process.
 //!
-//! `narad serve [--listen 127.0.0.1:8080] [--store file://./narad-data]` runs every route
-//! of the HTTP API on one store. Flags override `NARAD_LISTEN` and `NARAD_STORE`; every
-//! other setting comes from the environment (see `narad_shared::config`).
+//! `narad serve [--listen 127.0.0.1:8080] [--store file://./narad-data] [--users FILE]`
+//! runs every route of the HTTP API on one store. Flags override `NARAD_LISTEN`,
+//! `NARAD_STORE` and `NARAD_USERS_FILE`; every other setting comes from the environment
+//! (see `narad_shared::config`). `narad hash-password` makes a users file's password hash.
 
 mod bench;
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
+use narad_shared::access::Users;
 use narad_shared::broker::Broker;
 use narad_shared::config::{Config, Credential};
 use narad_shared::http;
@@ -39,7 +41,12 @@ enum Command {
         /// [env: NARAD_STORE; default file://./narad-data].
         #[arg(long)]
         store: Option<String>,
+        /// Users file with password hashes and per-topic grants [env: NARAD_USERS_FILE].
+        #[arg(long)]
+        users: Option<std::path::PathBuf>,
     },
+    /// Read a password from stdin (one line) and print its Argon2id hash for a users file.
+    HashPassword,
     /// Garbage-collect a store: apply retention everywhere, delete orphan segments older
     /// than the grace period and leftovers of deleted topics. Prints a JSON report.
     Gc {
@@ -69,7 +76,12 @@ async fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { listen, store } => serve(listen, store).await,
+        Command::Serve {
+            listen,
+            store,
+            users,
+        } => serve(listen, store, users).await,
+        Command::HashPassword => hash_password(),
         Command::Gc {
             store,
             grace,
@@ -86,7 +98,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), String> {
+async fn serve(
+    listen: Option<String>,
+    store_url: Option<String>,
+    users_file: Option<std::path::PathBuf>,
+) -> Result<(), String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     if let Some(l) = listen {
         cfg.listen = l;
@@ -94,22 +110,25 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     if let Some(s) = store_url {
         cfg.store = s;
     }
-    let users = match cfg.auth.clone() {
+    if let Some(f) = users_file {
+        cfg.users_file = Some(f);
+    }
+    let users = match cfg.users().map_err(|e| e.to_string())? {
         Some(u) => u,
         None => {
             let password = narad_shared::config::generate_password();
             println!("narad: NARAD_AUTH is not set; generated credentials for this run:");
             println!("narad:   user: narad   password: {password}");
             println!("narad:   export AUTH=narad:{password}   # then: curl -u $AUTH ...");
-            vec![Credential {
+            Users::full_rights(&[Credential {
                 user: "narad".into(),
                 password,
-            }]
+            }])
         }
     };
     let broker = open_broker(&cfg).await?;
     let described = broker.store().describe();
-    let app = http::router(Arc::new(broker), &users, &cfg.http);
+    let app = http::router(Arc::new(broker), users, &cfg.http);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -117,6 +136,19 @@ async fn serve(listen: Option<String>, store_url: Option<String>) -> Result<(), 
     println!("narad: serving http://{addr} on {described}");
     tracing::info!(%addr, store = %described, "narad serve started");
     http::serve(listener, app, &cfg.http, shutdown_signal()).await;
+    Ok(())
+}
+
+fn hash_password() -> Result<(), String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| format!("cannot read the password from stdin: {e}"))?;
+    let password = line.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err("the password is empty".into());
+    }
+    println!("{}", narad_shared::access::hash_password(password)?);
     Ok(())
 }
 

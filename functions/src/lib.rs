@@ -4,12 +4,15 @@
 //! cold start, so both are tested without a network or the Lambda runtime.
 //!
 //! * [`handle`]: one API Gateway request through the shared router.
-//! * [`require_users`]: the credentials the function admits (`NARAD_AUTH` is mandatory).
+//! * [`require_users`]: the users the function admits (`NARAD_USERS`, `NARAD_USERS_FILE`
+//!   or `NARAD_AUTH` is mandatory).
 //! * [`init_tracing`]: JSON log lines on stdout, filtered by `NARAD_LOG`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use narad_shared::config::{Config, Credential};
+use narad_shared::access::Users;
+use narad_shared::config::Config;
+use narad_shared::http::ClientAddr;
 use tower::ServiceExt;
 
 /// The function's name, as used in logs and by `cargo lambda`.
@@ -24,20 +27,34 @@ pub const FUNCTION_NAME: &str = "narad-api";
 /// Errors: only if the body cannot be read (the router itself never fails).
 pub async fn handle(
     app: axum::Router,
-    req: lambda_http::Request,
+    mut req: lambda_http::Request,
 ) -> Result<lambda_http::Response<Full<Bytes>>, lambda_http::Error> {
+    // The failed-login throttle counts per client: API Gateway's view of its address.
+    if let Some(ip) = source_ip(&req) {
+        req.extensions_mut().insert(ClientAddr(ip));
+    }
     let (parts, body) = app.oneshot(req).await?.into_parts();
     let bytes = body.collect().await?.to_bytes();
     Ok(lambda_http::Response::from_parts(parts, Full::new(bytes)))
 }
 
+/// The client address API Gateway saw, from the request context.
+fn source_ip(req: &lambda_http::Request) -> Option<std::net::IpAddr> {
+    use lambda_http::request::RequestContext;
+    use lambda_http::RequestExt;
+    match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(c)) => c.http.source_ip.as_deref()?.parse().ok(),
+        _ => None,
+    }
+}
+
 /// The users the function admits. Unlike `narad serve`, the function never generates a
 /// password: nobody would see it.
 ///
-/// Errors: a message naming `NARAD_AUTH` when it is unset.
-pub fn require_users(cfg: &Config) -> Result<Vec<Credential>, String> {
-    cfg.auth.clone().ok_or_else(|| {
-        "NARAD_AUTH: must be set to user:password[,user:password…] (the function never \
+/// Errors: a message naming the variables when none is set, or the bad one.
+pub fn require_users(cfg: &Config) -> Result<Users, String> {
+    cfg.users().map_err(|e| e.to_string())?.ok_or_else(|| {
+        "NARAD_USERS, NARAD_USERS_FILE or NARAD_AUTH must be set (the function never \
          generates credentials)"
             .to_owned()
     })
@@ -87,11 +104,11 @@ mod tests {
         )
         .await
         .unwrap();
-        let users = vec![Credential {
+        let users = Users::full_rights(&[narad_shared::config::Credential {
             user: "tester".into(),
             password: "s3cret-pass".into(),
-        }];
-        narad_shared::http::router(Arc::new(broker), &users, &Default::default())
+        }]);
+        narad_shared::http::router(Arc::new(broker), users, &Default::default())
     }
 
     /// An API Gateway HTTP API (payload 2.0) event, as API Gateway sends it.
@@ -184,11 +201,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn narad_auth_is_required() {
+    #[tokio::test]
+    async fn users_are_required() {
         let cfg = Config::from_lookup(|_| None).unwrap();
-        assert!(require_users(&cfg).unwrap_err().starts_with("NARAD_AUTH"));
+        assert!(require_users(&cfg).unwrap_err().contains("NARAD_AUTH"));
         let cfg = Config::from_lookup(|k| (k == "NARAD_AUTH").then(|| "a:b".to_owned())).unwrap();
-        assert_eq!(require_users(&cfg).unwrap()[0].user, "a");
+        let users = require_users(&cfg).unwrap();
+        assert_eq!(users.authenticate("a", "b").await.unwrap().name, "a");
     }
 }

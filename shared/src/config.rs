@@ -4,7 +4,9 @@
 //! |---|---|---|
 //! | `NARAD_STORE` | `file://./narad-data` | store URL: `file://PATH`, `memory://`, `s3://BUCKET[/PREFIX]` |
 //! | `NARAD_LISTEN` | `127.0.0.1:8080` | address `narad serve` listens on |
-//! | `NARAD_AUTH` | (unset) | `user:pass[,user:pass…]`; unset: `serve` generates a password |
+//! | `NARAD_AUTH` | (unset) | `user:pass[,user:pass…]`, every right on every topic; unset (and no users file): `serve` generates a password |
+//! | `NARAD_USERS_FILE` | (unset) | a users file with password hashes and per-topic grants ([`crate::access`]); `serve --users FILE` |
+//! | `NARAD_USERS` | (unset) | the users file's JSON itself (for Lambda, from Secrets Manager) |
 //! | `NARAD_RECEIPT_KEY` | (unset) | `key[,older-key…]`; the first signs, all verify; unset: generated once and kept in the store |
 //! | `NARAD_MAX_MESSAGE_BYTES` | 1048576 | largest payload; larger produces get 413 |
 //! | `NARAD_MAX_WAIT_MS` | 10000 | cap on a consume's `wait` |
@@ -26,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::access::Users;
 use crate::clock::{Clock, FileClock, SystemClock};
 
 /// Process-level limits of the broker (read from the `NARAD_*` variables above).
@@ -123,6 +126,10 @@ pub struct Config {
     pub listen: String,
     /// Allowed users; `None` when `NARAD_AUTH` is unset.
     pub auth: Option<Vec<Credential>>,
+    /// Path of a users file (`NARAD_USERS_FILE`).
+    pub users_file: Option<PathBuf>,
+    /// A users file's JSON (`NARAD_USERS`).
+    pub users_json: Option<String>,
     /// Receipt-signing keys, first signs; empty when `NARAD_RECEIPT_KEY` is unset.
     pub receipt_keys: Vec<Vec<u8>>,
     /// Broker limits.
@@ -145,6 +152,31 @@ impl Config {
             Some(path) => Arc::new(FileClock::new(path)),
             None => Arc::new(SystemClock),
         }
+    }
+
+    /// The users of a users file (`NARAD_USERS` wins over `NARAD_USERS_FILE`) plus those of
+    /// `NARAD_AUTH` (every right); `None` when none of them is set.
+    ///
+    /// Errors: [`ConfigError`] naming the variable whose file cannot be read or parsed.
+    pub fn users(&self) -> Result<Option<Users>, ConfigError> {
+        let (var, json) = match (&self.users_json, &self.users_file) {
+            (Some(j), _) => ("NARAD_USERS", j.as_bytes().to_vec()),
+            (None, Some(path)) => (
+                "NARAD_USERS_FILE",
+                std::fs::read(path).map_err(|e| ConfigError {
+                    var: "NARAD_USERS_FILE",
+                    message: format!("cannot read {}: {e}", path.display()),
+                })?,
+            ),
+            (None, None) => return Ok(self.auth.as_deref().map(Users::full_rights)),
+        };
+        let extra = self.auth.as_deref().unwrap_or_default();
+        Users::parse_with(&json, extra)
+            .map(Some)
+            .map_err(|e| ConfigError {
+                var,
+                message: e.to_string(),
+            })
     }
 
     /// Reads the process environment.
@@ -180,6 +212,10 @@ impl Config {
             store: get("NARAD_STORE").unwrap_or_else(|| "file://./narad-data".into()),
             listen: get("NARAD_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into()),
             auth,
+            users_file: get("NARAD_USERS_FILE")
+                .filter(|p| !p.trim().is_empty())
+                .map(PathBuf::from),
+            users_json: get("NARAD_USERS").filter(|j| !j.trim().is_empty()),
             receipt_keys,
             broker: broker_options(&get)?,
             http: http_options(&get)?,

@@ -19,6 +19,7 @@
 //! [`topic`], [`segment`], [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
 //! [`config`] (configuration from the environment) and [`error`].
 
+pub mod access;
 pub mod broker;
 pub mod cache;
 pub mod cas;

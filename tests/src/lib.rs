@@ -332,7 +332,8 @@ impl Server {
             password: PASS.into(),
         }];
         let http = narad_shared::config::HttpOptions::default();
-        let app = narad_shared::http::router(Arc::new(broker), &users, &http);
+        let users = narad_shared::access::Users::full_rights(&users);
+        let app = narad_shared::http::router(Arc::new(broker), users, &http);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {

@@ -121,6 +121,7 @@ impl Servers {
     pub async fn in_process(broker: Broker, users: &[Credential]) -> Result<Self, String> {
         let broker = Arc::new(broker);
         let opts = narad_shared::config::HttpOptions::default();
+        let users = narad_shared::access::Users::full_rights(users);
         let app = http::router(broker.clone(), users, &opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -44,7 +44,7 @@ async fn run(started: Instant) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot start on store {}: {e}", cfg.store))?;
     let described = broker.store().describe();
-    let app = http::router(Arc::new(broker), &users, &cfg.http);
+    let app = http::router(Arc::new(broker), users, &cfg.http);
     tracing::info!(
         store = %described,
         init_ms = started.elapsed().as_millis() as u64,

@@ -172,25 +172,47 @@ impl Broker {
         Ok((matches!(created, Created::New), topic))
     }
 
-    /// Up to `limit` topics after the name `after` (empty: from the first), in key order
-    /// (a name compares as if followed by `/`), and the name to continue after when there
-    /// may be more. One delimited listing plus one read per topic, whatever the topics hold.
+    /// Up to `limit` topics that `visible` admits, after the name `after` (empty: from the
+    /// first), in key order (a name compares as if followed by `/`), and the name to
+    /// continue after when there may be more. Delimited listings of up to 1000 names each,
+    /// until `limit` visible ones are found, plus one read per topic returned, whatever
+    /// the topics hold.
     ///
     /// Errors: store failures.
     pub async fn list_topics(
         &self,
         after: &str,
         limit: usize,
+        visible: impl Fn(&str) -> bool,
     ) -> BrokerResult<(Vec<Topic>, Option<String>)> {
-        let names = self
-            .store
-            .list_dirs(keys::TOPICS_PREFIX, after, limit)
-            .await?;
-        let next = (names.len() == limit)
-            .then(|| names.last().cloned())
-            .flatten();
-        let valid = names.iter().filter(|n| keys::validate_topic(n).is_ok());
-        let loaded = futures::future::join_all(valid.map(|n| self.load_topic(n))).await;
+        const PAGE: usize = 1000;
+        let mut names: Vec<String> = Vec::new();
+        let mut cursor = after.to_owned();
+        let next = loop {
+            let page = self
+                .store
+                .list_dirs(keys::TOPICS_PREFIX, &cursor, PAGE)
+                .await?;
+            let full = page.len() == PAGE;
+            if let Some(last) = page.last() {
+                cursor = last.clone();
+            }
+            for n in page {
+                if keys::validate_topic(&n).is_ok() && visible(&n) {
+                    names.push(n);
+                    if names.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if names.len() == limit {
+                break names.last().cloned();
+            }
+            if !full {
+                break None;
+            }
+        };
+        let loaded = futures::future::join_all(names.iter().map(|n| self.load_topic(n))).await;
         let mut out = Vec::new();
         for t in loaded {
             match t {

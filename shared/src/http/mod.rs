@@ -28,24 +28,30 @@ pub use extract::parse_wait;
 pub use serve::{connection_limit, serve};
 pub use views::rfc3339_ms;
 
+use crate::access::Users;
 use crate::broker::Broker;
-use crate::config::{Credential, HttpOptions};
+use crate::config::HttpOptions;
+
+pub use auth::{basic_credentials, ClientAddr};
 
 #[derive(Clone)]
 struct AppState {
     broker: Arc<Broker>,
-    /// SHA-256 of each accepted `user:password`.
-    credentials: Arc<Vec<[u8; 32]>>,
+    /// Who may call, and with which grants.
+    users: Arc<Users>,
+    /// Failed logins per client address.
+    throttle: Arc<auth::Throttle>,
     /// The request-body budget and deadline.
     admission: admission::Admission,
 }
 
 /// Builds the router over `broker`, admitting `users`, within the edge limits `http`.
-pub fn router(broker: Arc<Broker>, users: &[Credential], http: &HttpOptions) -> Router {
+pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
     let largest = broker.options().max_message_bytes;
     let state = AppState {
         broker,
-        credentials: Arc::new(auth::digests(users)),
+        users: Arc::new(users),
+        throttle: Arc::new(auth::Throttle::new()),
         admission: admission::Admission::new(http.max_body_buffer, http.body_timeout, largest),
     };
     let v1 = Router::new()

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use axum::{Extension, Router};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -29,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::ClientAddr;
 use crate::config::HttpOptions;
 
 /// File descriptors kept free for the store, logs and the listener itself.
@@ -103,8 +104,8 @@ pub async fn serve(
             a = listener.accept() => a,
             () = &mut shutdown => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 if last_error_log.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
                     tracing::warn!(error = %e, "accept failed; pausing");
@@ -122,7 +123,9 @@ pub async fn serve(
             }
             continue;
         };
-        let (app, builder, mut stop) = (app.clone(), builder.clone(), stop_rx.clone());
+        // The failed-login throttle counts per client address.
+        let app = app.clone().layer(Extension(ClientAddr(peer.ip())));
+        let (builder, mut stop) = (builder.clone(), stop_rx.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let _ = stream.set_nodelay(true);

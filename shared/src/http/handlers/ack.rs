@@ -6,10 +6,12 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 
+use crate::access::Action;
 use crate::broker::Settle;
+use crate::http::auth::{allow, Caller};
 use crate::http::extract::{read_body, topic_name, Query};
 use crate::http::limits::{MAX_BATCH_BODY, MAX_BATCH_ENTRIES};
 use crate::http::views::{BatchResults, EntryResult};
@@ -24,12 +26,14 @@ use crate::http::{ApiError, AppState};
 /// `{"results":[{"status":204},{"status":410,"error":{...}}]}` in the same order.
 pub(in crate::http) async fn ack(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Consume, &name)?;
     let q = Query::parse(raw, &["receipt_handle", "extend"])?;
     let Some(handle) = q.get("receipt_handle") else {
         if q.get("extend").is_some() {

@@ -7,8 +7,10 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
+use crate::access::Action;
+use crate::http::auth::{allow, Caller};
 use crate::http::extract::{parse_wait, topic_name, Query};
 use crate::http::limits::MAX_CONSUME_BATCH;
 use crate::http::views::{MessageList, MessageView};
@@ -19,10 +21,12 @@ use crate::http::{ApiError, AppState};
 /// with `max`, up to that many messages as `{"messages":[...]}`.
 pub(in crate::http) async fn consume(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Consume, &name)?;
     let q = Query::parse(raw, &["wait", "partition", "offset", "max"])?;
     let wait = q
         .get("wait")

@@ -7,13 +7,15 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::access::Action;
 use crate::broker::NewMessage;
+use crate::http::auth::{allow, Caller};
 use crate::http::extract::{check_message, read_body, topic_name, Query};
 use crate::http::limits::{MAX_BATCH_BODY, MAX_BATCH_ENTRIES};
 use crate::http::views::{BatchResults, EntryResult};
@@ -25,12 +27,14 @@ use crate::http::{ApiError, AppState};
 /// offset and appends nothing.
 pub(in crate::http) async fn one(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Produce, &name)?;
     let q = Query::parse(raw, &["partition", "key"])?;
     let partition = q.number("partition")?;
     let key = q.get("key").map(str::to_owned);
@@ -104,12 +108,14 @@ impl BatchMessage {
 /// messages for one partition are committed together with contiguous offsets.
 pub(in crate::http) async fn batch(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Produce, &name)?;
     Query::parse(raw, &[])?;
     let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
     let batch: ProduceBatch = serde_json::from_slice(&body)

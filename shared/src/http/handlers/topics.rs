@@ -6,9 +6,11 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
+use crate::access::Action;
 use crate::error::BrokerError;
+use crate::http::auth::{allow, allow_seeing, Caller};
 use crate::http::extract::{read_body, topic_name, Query};
 use crate::http::limits::{DEFAULT_TOPIC_PAGE, MAX_SETTINGS_BODY, MAX_TOPIC_PAGE};
 use crate::http::views::{TopicList, TopicView};
@@ -22,6 +24,7 @@ type TopicPath = Result<Path<String>, PathRejection>;
 /// the `after` for the next page, or null after the last.
 pub(in crate::http) async fn list(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw, &["limit", "after"])?;
@@ -32,12 +35,25 @@ pub(in crate::http) async fn list(
         )));
     }
     let after = q.get("after").unwrap_or("");
-    let (topics, next) = s.broker.list_topics(after, limit).await?;
+    // Only the topics the caller holds a grant on.
+    let (topics, next) = s
+        .broker
+        .list_topics(after, limit, |t| caller.0.sees(t))
+        .await?;
     let topics = topics
         .into_iter()
         .map(|t| TopicView::new(t, None))
         .collect();
     Ok(Json(TopicList { topics, next }).into_response())
+}
+
+/// A dead-letter topic must be within the caller's admin grants too: otherwise a user
+/// could send their messages into another user's topic.
+fn allow_dead_letter(caller: &Caller, input: &SettingsInput) -> Result<(), ApiError> {
+    match input.dead_letter_topic.as_deref() {
+        Some(dlq) if !dlq.is_empty() => allow(caller, Action::Admin, dlq),
+        _ => Ok(()),
+    }
 }
 
 /// The JSON settings body of a create or change.
@@ -50,12 +66,15 @@ async fn read_settings(headers: &HeaderMap, body: Body) -> Result<SettingsInput,
 /// 409 when it exists with other settings.
 pub(in crate::http) async fn create(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: TopicPath,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Admin, &name)?;
     let input = read_settings(&headers, body).await?;
+    allow_dead_letter(&caller, &input)?;
     let (created, topic) = s.broker.create_topic(&name, &input).await?;
     let status = if created {
         StatusCode::CREATED
@@ -69,9 +88,11 @@ pub(in crate::http) async fn create(
 /// the per-process cache: an admin read sees every change another process made before it.
 pub(in crate::http) async fn get(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: TopicPath,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow_seeing(&caller, &name)?;
     let topic = s.broker.load_topic(&name).await?;
     let stats = s.broker.partition_stats(&topic).await?;
     Ok(Json(TopicView::new(topic, Some(stats))).into_response())
@@ -80,12 +101,15 @@ pub(in crate::http) async fn get(
 /// `PATCH /v1/topics/{topic}`: change the settings that can change.
 pub(in crate::http) async fn patch(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: TopicPath,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Admin, &name)?;
     let input = read_settings(&headers, body).await?;
+    allow_dead_letter(&caller, &input)?;
     let topic = s.broker.patch_topic(&name, &input).await?;
     Ok(Json(TopicView::new(topic, None)).into_response())
 }
@@ -93,9 +117,11 @@ pub(in crate::http) async fn patch(
 /// `DELETE /v1/topics/{topic}`: 204.
 pub(in crate::http) async fn delete(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     path: TopicPath,
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
+    allow(&caller, Action::Admin, &name)?;
     s.broker.delete_topic(&name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
