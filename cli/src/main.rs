@@ -44,6 +44,12 @@ enum Command {
         /// Users file with password hashes and per-topic grants [env: NARAD_USERS_FILE].
         #[arg(long)]
         users: Option<std::path::PathBuf>,
+        /// PEM certificate chain: serve HTTPS [env: NARAD_TLS_CERT]; needs --tls-key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// PEM private key of --tls-cert [env: NARAD_TLS_KEY].
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
     },
     /// Read a password from stdin (one line) and print its Argon2id hash for a users file.
     HashPassword,
@@ -80,7 +86,9 @@ async fn main() -> ExitCode {
             listen,
             store,
             users,
-        } => serve(listen, store, users).await,
+            tls_cert,
+            tls_key,
+        } => serve(listen, store, users, tls_cert.zip(tls_key)).await,
         Command::HashPassword => hash_password(),
         Command::Gc {
             store,
@@ -102,6 +110,7 @@ async fn serve(
     listen: Option<String>,
     store_url: Option<String>,
     users_file: Option<std::path::PathBuf>,
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 ) -> Result<(), String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     if let Some(l) = listen {
@@ -113,6 +122,13 @@ async fn serve(
     if let Some(f) = users_file {
         cfg.users_file = Some(f);
     }
+    if tls.is_some() {
+        cfg.http.tls = tls;
+    }
+    let acceptor = match &cfg.http.tls {
+        Some((cert, key)) => Some(http::tls::acceptor(cert, key)?),
+        None => None,
+    };
     let users = match cfg.users().map_err(|e| e.to_string())? {
         Some(u) => u,
         None => {
@@ -133,9 +149,10 @@ async fn serve(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("narad: serving http://{addr} on {described}");
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    println!("narad: serving {scheme}://{addr} on {described}");
     tracing::info!(%addr, store = %described, "narad serve started");
-    http::serve(listener, app, &cfg.http, shutdown_signal()).await;
+    http::serve(listener, app, &cfg.http, acceptor, shutdown_signal()).await;
     Ok(())
 }
 

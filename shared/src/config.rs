@@ -18,6 +18,7 @@
 //! | `NARAD_HEADER_TIMEOUT_MS` | 10000 | `narad serve`: a connection that takes longer to send a request's headers, or sits idle between requests longer, is closed |
 //! | `NARAD_BODY_TIMEOUT_MS` | 30000 | a request body not received within this long gets 408 |
 //! | `NARAD_MAX_CONNECTIONS` | 4096 | `narad serve`: open connections at most (lowered to fit the file-descriptor limit); beyond it, 503 and close |
+//! | `NARAD_TLS_CERT`, `NARAD_TLS_KEY` | (unset) | `narad serve`: PEM certificate chain and private key; both set: HTTPS only |
 //! | `NARAD_MAX_BODY_BUFFER_BYTES` | 268435456 | request body bytes held by the process at once; a request over it gets 503 with `Retry-After` |
 //! | `NARAD_STORE_LATENCY_MS` | 0 | **benchmarks only**: adds this many milliseconds to every storage request, to measure a local store with a remote store's round-trip time |
 //! | `NARAD_TEST_CLOCK_FILE` | (unset) | **tests only**: read "now" (ms since the epoch) from this file on every clock read, so a test can move an external server's time |
@@ -77,6 +78,8 @@ pub struct HttpOptions {
     pub max_connections: usize,
     /// Request body bytes held by the process at once (503 beyond it).
     pub max_body_buffer: usize,
+    /// `narad serve`: PEM certificate chain and private key files for TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for HttpOptions {
@@ -86,6 +89,7 @@ impl Default for HttpOptions {
             body_timeout: Duration::from_secs(30),
             max_connections: 4096,
             max_body_buffer: 256 << 20,
+            tls: None,
         }
     }
 }
@@ -307,6 +311,16 @@ fn http_options(get: &impl Fn(&str) -> Option<String>) -> Result<HttpOptions, Co
             1 << 20,
             64 << 30,
         )? as usize,
+        tls: match (get("NARAD_TLS_CERT"), get("NARAD_TLS_KEY")) {
+            (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError {
+                    var: "NARAD_TLS_CERT",
+                    message: "NARAD_TLS_CERT and NARAD_TLS_KEY go together".into(),
+                })
+            }
+        },
     })
 }
 

@@ -337,7 +337,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
-            narad_shared::http::serve(listener, app, &http, std::future::pending()).await;
+            narad_shared::http::serve(listener, app, &http, None, std::future::pending()).await;
         });
         Self {
             base: format!("http://{addr}"),

@@ -253,3 +253,82 @@ async fn bodies_over_the_process_budget_get_503_until_it_frees() {
     assert_eq!(status, StatusCode::CREATED);
     p.kill().await;
 }
+
+/// One HTTP/1.1 request over `io`; the raw response up to the connection's close.
+async fn raw_request<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    io: &mut S,
+    request: &str,
+) -> String {
+    io.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), io.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_https_and_nothing_in_clear_text() {
+    use std::sync::Arc;
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+    if narad_tests::skip_in_external_mode("a narad serve process of its own") {
+        return;
+    }
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let (url, _store) = test_store_url();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(narad_binary())
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--store",
+            &url,
+        ])
+        .arg("--tls-cert")
+        .arg(&cert_path)
+        .arg("--tls-key")
+        .arg(&key_path)
+        .env("NARAD_AUTH", format!("{USER}:{PASS}"))
+        .env("NARAD_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut roots = RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let provider = Arc::new(tokio_rustls::rustls::crypto::aws_lc_rs::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut tcp = None;
+    for _ in 0..300 {
+        if let Ok(s) = TcpStream::connect(&addr).await {
+            tcp = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut tls = connector.connect(name.clone(), tcp.unwrap()).await.unwrap();
+    let got = raw_request(
+        &mut tls,
+        &format!(
+            "GET /v1/topics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {}\r\nConnection: close\r\n\r\n",
+            auth()
+        ),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "over TLS: {got:?}");
+    // Clear text on the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(&addr).await.unwrap();
+    let got = raw_request(&mut plain, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(!got.contains("200"), "clear text answered: {got:?}");
+    let _ = child.kill().await;
+}

@@ -131,7 +131,7 @@ impl Servers {
             listener.local_addr().map_err(|e| e.to_string())?
         );
         let task = tokio::spawn(async move {
-            http::serve(listener, app, &opts, std::future::pending()).await;
+            http::serve(listener, app, &opts, None, std::future::pending()).await;
         });
         Ok(Self {
             bases: vec![base],

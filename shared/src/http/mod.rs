@@ -15,6 +15,7 @@ mod extract;
 mod handlers;
 pub mod limits;
 mod serve;
+pub mod tls;
 mod views;
 
 use std::sync::Arc;

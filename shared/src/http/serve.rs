@@ -15,6 +15,9 @@
 //!   so descriptors never run out, and every connection, a health check included, gets an
 //!   answer even while idle sockets fill every slot (the idle timeout closes those).
 //! * HTTP/1.1 only: h2c upgrades and prior-knowledge HTTP/2 are not spoken.
+//! * Optional TLS ([`super::tls`]): the handshake must finish within the header timeout;
+//!   a TLS connection over the limit is closed without an answer (an answer would cost a
+//!   handshake).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,6 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 
 use super::ClientAddr;
 use crate::config::HttpOptions;
@@ -85,6 +89,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     opts: &HttpOptions,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let limit = connection_limit(opts.max_connections);
@@ -118,25 +123,30 @@ pub async fn serve(
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Refusals are bounded too: while they are all busy, accepting pauses (the
             // listen backlog holds the rest), so every connection gets an answer.
-            if let Ok(r) = refusals.clone().acquire_owned().await {
-                tokio::spawn(refuse(stream, r));
+            if tls.is_none() {
+                if let Ok(r) = refusals.clone().acquire_owned().await {
+                    tokio::spawn(refuse(stream, r));
+                }
             }
             continue;
         };
         // The failed-login throttle counts per client address.
         let app = app.clone().layer(Extension(ClientAddr(peer.ip())));
-        let (builder, mut stop) = (builder.clone(), stop_rx.clone());
+        let (builder, stop, tls) = (builder.clone(), stop_rx.clone(), tls.clone());
+        let handshake = opts.header_timeout;
         tokio::spawn(async move {
             let _slot = slot;
             let _ = stream.set_nodelay(true);
-            let conn =
-                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+            match tls {
+                None => connection(TokioIo::new(stream), app, builder, stop).await,
+                Some(acceptor) => {
+                    if let Ok(Ok(s)) =
+                        tokio::time::timeout(handshake, acceptor.accept(stream)).await
+                    {
+                        connection(TokioIo::new(s), app, builder, stop).await;
+                    }
+                }
             }
-            let _ = conn.await;
         });
     }
     drop(listener);
@@ -144,6 +154,20 @@ pub async fn serve(
     // Every connection holds a slot: all slots free means all connections ended.
     let all = u32::try_from(limit).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(DRAIN, slots.acquire_many(all)).await;
+}
+
+/// Serves one connection until it ends, or gracefully once `stop` turns true.
+async fn connection<I>(io: I, app: Router, builder: http1::Builder, mut stop: watch::Receiver<bool>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+    }
+    let _ = conn.await;
 }
 
 /// Answers a connection over the limit with 503 and closes it within [`REFUSE_WITHIN`]:
