@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use narad_shared::broker::Broker;
 use narad_shared::clock::{IdSource, RandomIds, SystemClock};
+use narad_shared::access::Users;
 use narad_shared::config::{Config, Credential};
 use narad_shared::store::metered::{Counts, MeteredStore};
 
@@ -94,8 +95,14 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         user: "bench".into(),
         password: "bench".into(),
     }];
+    // A users file (NARAD_USERS or NARAD_USERS_FILE) that admits bench:bench measures
+    // the Argon2 path with its cache; otherwise bench:bench has every right.
+    let admitted = match cfg.users().map_err(|e| e.to_string())? {
+        Some(u) => u,
+        None => Users::full_rights(&users),
+    };
     let servers = if args.processes == 0 {
-        Servers::in_process(broker_on(store.clone(), &cfg).await?, &users).await?
+        Servers::in_process(broker_on(store.clone(), &cfg).await?, admitted).await?
     } else {
         Servers::processes(args.processes, &args.store, "bench:bench").await?
     };

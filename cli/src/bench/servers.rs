@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narad_shared::broker::Broker;
-use narad_shared::config::Credential;
+use narad_shared::access::Users;
 use narad_shared::http;
 use narad_shared::store::metered::{Counts, OPS, OUTCOMES};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -118,10 +118,9 @@ pub struct Servers {
 
 impl Servers {
     /// One server inside this process, on `broker`.
-    pub async fn in_process(broker: Broker, users: &[Credential]) -> Result<Self, String> {
+    pub async fn in_process(broker: Broker, users: Users) -> Result<Self, String> {
         let broker = Arc::new(broker);
         let opts = narad_shared::config::HttpOptions::default();
-        let users = narad_shared::access::Users::full_rights(users);
         let app = http::router(broker.clone(), users, &opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
