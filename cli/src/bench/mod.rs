@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use narad_shared::access::Users;
 use narad_shared::broker::Broker;
 use narad_shared::clock::{IdSource, RandomIds, SystemClock};
-use narad_shared::access::Users;
 use narad_shared::config::{Config, Credential};
 use narad_shared::store::metered::{Counts, MeteredStore};
 

@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use narad_shared::broker::Broker;
 use narad_shared::access::Users;
+use narad_shared::broker::Broker;
 use narad_shared::http;
 use narad_shared::store::metered::{Counts, OPS, OUTCOMES};
 use tokio::io::{AsyncBufReadExt, BufReader};
