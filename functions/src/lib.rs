@@ -160,6 +160,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn failed_logins_are_counted_per_api_gateway_source_ip() {
+        let app = app().await;
+        let from = |ip: &str| {
+            event("GET", "/v1/topics", "", false, None)
+                .replace("192.0.2.1", ip)
+                .replace(
+                    r#""headers":{"#,
+                    r#""headers":{"authorization":"Basic dGVzdGVyOndyb25n","#,
+                )
+        };
+        let mut statuses = Vec::new();
+        for _ in 0..20 {
+            statuses.push(call(&app, from("198.51.100.7")).await.0);
+        }
+        assert_eq!(statuses[..19], [401; 19]);
+        assert_eq!(statuses[19], 429);
+        // Another client of the same function is not throttled.
+        assert_eq!(call(&app, from("203.0.113.9")).await.0, 401);
+    }
+
+    #[tokio::test]
     async fn api_gateway_events_reach_the_shared_router() {
         let app = app().await;
         assert_eq!(

@@ -301,5 +301,17 @@ async fn twenty_bad_passwords_from_one_address_get_429() {
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     let r = http.get(format!("{}/health", p.base)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
+    // Another address is not throttled.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let r = other
+        .get(format!("{}/v1/topics", p.base))
+        .basic_auth("alice", Some("alice-pw"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "another address");
     p.kill().await;
 }

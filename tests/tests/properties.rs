@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use base64::Engine;
+use narad_shared::http::batch_body::{parse_ack_batch, parse_produce_batch};
 use narad_shared::http::{basic_credentials, parse_wait};
 use narad_shared::payload::render;
 use narad_shared::receipt::{Claims, ReceiptError, Receipts};
@@ -14,7 +15,11 @@ fn receipts() -> Receipts {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn receipt_handles_never_panic(handle in ".{0,1200}", topic in "[a-z]{1,8}") {
@@ -100,6 +105,48 @@ proptest! {
             }
         };
         prop_assert!(ok, "{:?} came back as {}", bytes, text);
+    }
+
+    #[test]
+    fn batch_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let _ = parse_produce_batch(&body);
+        let _ = parse_ack_batch(&body);
+    }
+
+    #[test]
+    fn produce_batches_round_trip(
+        payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..50), 1..20),
+        key in proptest::option::of("[a-z]{1,10}"),
+    ) {
+        let messages: Vec<serde_json::Value> = payloads
+            .iter()
+            .map(|p| serde_json::json!({
+                "payload": base64::engine::general_purpose::STANDARD.encode(p),
+                "payload_encoding": "base64",
+                "key": key,
+            }))
+            .collect();
+        let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap();
+        let got = parse_produce_batch(&body).unwrap();
+        prop_assert_eq!(got.len(), payloads.len());
+        for (m, p) in got.iter().zip(&payloads) {
+            prop_assert_eq!(&m.payload[..], &p[..]);
+            prop_assert_eq!(&m.key, &key);
+        }
+    }
+
+    #[test]
+    fn ack_batches_take_only_true_or_zero(
+        handles in proptest::collection::vec("[a-zA-Z0-9._-]{1,40}", 1..30),
+        extend in prop_oneof![Just("true"), Just("0"), Just("1"), Just("false"), Just("\"true\""), Just("null")],
+    ) {
+        let body = format!(r#"{{"receipt_handles":{},"extend":{extend}}}"#, serde_json::to_string(&handles).unwrap());
+        let r = parse_ack_batch(body.as_bytes());
+        match extend {
+            // null is the same as no extend: ack.
+            "true" | "0" | "\"true\"" | "null" => prop_assert_eq!(r.unwrap().len(), handles.len()),
+            _ => prop_assert!(r.is_err()),
+        }
     }
 
     #[test]

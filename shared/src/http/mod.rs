@@ -10,6 +10,7 @@
 
 mod admission;
 mod auth;
+pub mod batch_body;
 pub mod error;
 mod extract;
 mod handlers;

@@ -7,13 +7,12 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde::Deserialize;
 
 use crate::access::Action;
-use crate::broker::Settle;
 use crate::http::auth::{allow, Caller};
+use crate::http::batch_body::{parse_ack_batch, parse_extend};
 use crate::http::extract::{read_body, topic_name, Query};
-use crate::http::limits::{MAX_BATCH_BODY, MAX_BATCH_ENTRIES};
+use crate::http::limits::MAX_BATCH_BODY;
 use crate::http::views::{BatchResults, EntryResult};
 use crate::http::{ApiError, AppState};
 
@@ -46,25 +45,6 @@ pub(in crate::http) async fn ack(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-fn parse_extend(v: Option<&str>) -> Result<Settle, ApiError> {
-    match v {
-        None => Ok(Settle::Ack),
-        Some("true") => Ok(Settle::Extend),
-        Some("0") => Ok(Settle::Nack),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "extend must be true (renew the lease) or 0 (give the message back), got {other:?}"
-        ))),
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AckBatch {
-    receipt_handles: Vec<String>,
-    #[serde(default)]
-    extend: Option<serde_json::Value>,
-}
-
 async fn ack_batch(
     s: AppState,
     name: String,
@@ -77,24 +57,7 @@ async fn ack_batch(
             "receipt_handle is required (or a JSON body {\"receipt_handles\":[...]} to settle many)",
         ));
     }
-    let batch: AckBatch = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid ack batch: {e}")))?;
-    if batch.receipt_handles.is_empty() || batch.receipt_handles.len() > MAX_BATCH_ENTRIES {
-        return Err(ApiError::bad_request(format!(
-            "receipt_handles must hold 1 to {MAX_BATCH_ENTRIES} handles"
-        )));
-    }
-    // The same values as the query parameter, as JSON `true`, `0` or strings.
-    let extend = batch.extend.as_ref().map(|v| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    });
-    let action = parse_extend(extend.as_deref())?;
-    let entries: Vec<(String, Settle)> = batch
-        .receipt_handles
-        .into_iter()
-        .map(|h| (h, action))
-        .collect();
+    let entries = parse_ack_batch(&body)?;
     let results = s.broker.settle_batch(&name, &entries).await?;
     let results = results.into_iter().map(EntryResult::settled).collect();
     Ok(Json(BatchResults { results }).into_response())

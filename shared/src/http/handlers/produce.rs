@@ -8,16 +8,13 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use base64::Engine;
-use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use crate::access::Action;
 use crate::broker::NewMessage;
 use crate::http::auth::{allow, Caller};
+use crate::http::batch_body::parse_produce_batch;
 use crate::http::extract::{check_message, read_body, topic_name, Query};
-use crate::http::limits::{MAX_BATCH_BODY, MAX_BATCH_ENTRIES};
+use crate::http::limits::MAX_BATCH_BODY;
 use crate::http::views::{BatchResults, EntryResult};
 use crate::http::{ApiError, AppState};
 
@@ -54,51 +51,6 @@ pub(in crate::http) async fn one(
     Ok((StatusCode::CREATED, Json(produced)).into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProduceBatch {
-    messages: Vec<BatchMessage>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchMessage {
-    payload: Box<RawValue>,
-    #[serde(default)]
-    payload_encoding: Option<String>,
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    partition: Option<u32>,
-    #[serde(default)]
-    idempotency_key: Option<String>,
-}
-
-impl BatchMessage {
-    /// The payload bytes: the exact JSON text, or the decoded base64 string.
-    fn payload(&self, i: usize) -> Result<Bytes, ApiError> {
-        match self.payload_encoding.as_deref() {
-            None => Ok(Bytes::copy_from_slice(self.payload.get().as_bytes())),
-            Some("base64") => {
-                let text: String = serde_json::from_str(self.payload.get()).map_err(|_| {
-                    ApiError::bad_request(format!(
-                        "messages[{i}]: a base64 payload must be a JSON string"
-                    ))
-                })?;
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(text.as_bytes())
-                    .map_err(|_| {
-                        ApiError::bad_request(format!("messages[{i}]: payload is not valid base64"))
-                    })?;
-                Ok(Bytes::from(bytes))
-            }
-            Some(other) => Err(ApiError::bad_request(format!(
-                "messages[{i}]: payload_encoding must be \"base64\" or absent, got {other:?}"
-            ))),
-        }
-    }
-}
-
 /// `POST /v1/topics/{topic}/produce-batch`: body
 /// `{"messages":[{"payload":<JSON value>,"key":"k","partition":0},
 ///               {"payload":"aGk=","payload_encoding":"base64"}]}`.
@@ -118,29 +70,7 @@ pub(in crate::http) async fn batch(
     allow(&caller, Action::Produce, &name)?;
     Query::parse(raw, &[])?;
     let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
-    let batch: ProduceBatch = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid produce batch: {e}")))?;
-    if batch.messages.is_empty() || batch.messages.len() > MAX_BATCH_ENTRIES {
-        return Err(ApiError::bad_request(format!(
-            "messages must hold 1 to {MAX_BATCH_ENTRIES} messages"
-        )));
-    }
-    let mut messages = Vec::with_capacity(batch.messages.len());
-    for (i, m) in batch.messages.into_iter().enumerate() {
-        let payload = m.payload(i)?;
-        check_message(
-            Some(i),
-            m.key.as_deref(),
-            &payload,
-            m.idempotency_key.as_deref(),
-        )?;
-        messages.push(NewMessage {
-            idempotency_key: m.idempotency_key,
-            partition: m.partition,
-            key: m.key,
-            payload,
-        });
-    }
+    let messages = parse_produce_batch(&body)?;
     let results = s.broker.produce_batch(&name, messages).await?;
     let results = results.into_iter().map(EntryResult::produced).collect();
     Ok(Json(BatchResults { results }).into_response())
