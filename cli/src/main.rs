@@ -129,7 +129,7 @@ async fn serve(
         Some((cert, key)) => Some(http::tls::acceptor(cert, key)?),
         None => None,
     };
-    let users = match cfg.users().map_err(|e| e.to_string())? {
+    let users = match Users::from_config(&cfg).map_err(|e| e.to_string())? {
         Some(u) => u,
         None => {
             let password = narad_shared::config::generate_password();

@@ -53,11 +53,13 @@ fn source_ip(req: &lambda_http::Request) -> Option<std::net::IpAddr> {
 ///
 /// Errors: a message naming the variables when none is set, or the bad one.
 pub fn require_users(cfg: &Config) -> Result<Users, String> {
-    cfg.users().map_err(|e| e.to_string())?.ok_or_else(|| {
-        "NARAD_USERS, NARAD_USERS_FILE or NARAD_AUTH must be set (the function never \
+    Users::from_config(cfg)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            "NARAD_USERS, NARAD_USERS_FILE or NARAD_AUTH must be set (the function never \
          generates credentials)"
-            .to_owned()
-    })
+                .to_owned()
+        })
 }
 
 /// JSON log lines on stdout (Lambda ships them to CloudWatch Logs), filtered by `NARAD_LOG`

@@ -31,7 +31,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use crate::config::Credential;
+use crate::config::{Config, ConfigError, Credential};
 
 /// How long a verified password is remembered.
 pub const VERIFIED_FOR: Duration = Duration::from_secs(60);
@@ -168,6 +168,31 @@ impl Users {
             cache_key,
             verified: Mutex::new(lru::LruCache::new(cap)),
         }
+    }
+
+    /// The users of a users file (`NARAD_USERS` wins over `NARAD_USERS_FILE`) plus those of
+    /// `NARAD_AUTH` (every right); `None` when none of them is set.
+    ///
+    /// Errors: [`ConfigError`] naming the variable whose file cannot be read or parsed.
+    pub fn from_config(cfg: &Config) -> Result<Option<Self>, ConfigError> {
+        let (var, json) = match (&cfg.users_json, &cfg.users_file) {
+            (Some(j), _) => ("NARAD_USERS", j.as_bytes().to_vec()),
+            (None, Some(path)) => (
+                "NARAD_USERS_FILE",
+                std::fs::read(path).map_err(|e| ConfigError {
+                    var: "NARAD_USERS_FILE",
+                    message: format!("cannot read {}: {e}", path.display()),
+                })?,
+            ),
+            (None, None) => return Ok(cfg.auth.as_deref().map(Users::full_rights)),
+        };
+        let extra = cfg.auth.as_deref().unwrap_or_default();
+        Users::parse_with(&json, extra)
+            .map(Some)
+            .map_err(|e| ConfigError {
+                var,
+                message: e.to_string(),
+            })
     }
 
     /// Users with every right (from `NARAD_AUTH`).

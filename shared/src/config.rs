@@ -29,7 +29,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::access::Users;
 use crate::clock::{Clock, FileClock, SystemClock};
 
 /// Process-level limits of the broker (read from the `NARAD_*` variables above).
@@ -156,31 +155,6 @@ impl Config {
             Some(path) => Arc::new(FileClock::new(path)),
             None => Arc::new(SystemClock),
         }
-    }
-
-    /// The users of a users file (`NARAD_USERS` wins over `NARAD_USERS_FILE`) plus those of
-    /// `NARAD_AUTH` (every right); `None` when none of them is set.
-    ///
-    /// Errors: [`ConfigError`] naming the variable whose file cannot be read or parsed.
-    pub fn users(&self) -> Result<Option<Users>, ConfigError> {
-        let (var, json) = match (&self.users_json, &self.users_file) {
-            (Some(j), _) => ("NARAD_USERS", j.as_bytes().to_vec()),
-            (None, Some(path)) => (
-                "NARAD_USERS_FILE",
-                std::fs::read(path).map_err(|e| ConfigError {
-                    var: "NARAD_USERS_FILE",
-                    message: format!("cannot read {}: {e}", path.display()),
-                })?,
-            ),
-            (None, None) => return Ok(self.auth.as_deref().map(Users::full_rights)),
-        };
-        let extra = self.auth.as_deref().unwrap_or_default();
-        Users::parse_with(&json, extra)
-            .map(Some)
-            .map_err(|e| ConfigError {
-                var,
-                message: e.to_string(),
-            })
     }
 
     /// Reads the process environment.

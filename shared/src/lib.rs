@@ -15,7 +15,7 @@
 //! 5. [`cas`]: the one conditional-write loop, for every object changed in place.
 //! 6. [`store`]: the storage trait and its backends (file, memory, S3, metered).
 //!
-//! Beside the flow: [`maintenance`] (gc and compaction, through the broker's API),
+//! Beside the flow: [`access`] (users, password hashes, per-topic grants), [`maintenance`] (gc and compaction, through the broker's API),
 //! [`topic`], [`segment`], [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
 //! [`config`] (configuration from the environment) and [`error`].
 

@@ -97,7 +97,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     }];
     // A users file (NARAD_USERS or NARAD_USERS_FILE) that admits bench:bench measures
     // the Argon2 path with its cache; otherwise bench:bench has every right.
-    let admitted = match cfg.users().map_err(|e| e.to_string())? {
+    let admitted = match Users::from_config(&cfg).map_err(|e| e.to_string())? {
         Some(u) => u,
         None => Users::full_rights(&users),
     };
