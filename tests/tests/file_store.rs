@@ -71,3 +71,47 @@ async fn files_are_private_and_reserved_names_are_refused() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_manifest_is_reported_as_corrupt_not_unavailable() {
+    use narad_tests::Server;
+    use reqwest::Method;
+    let s = Server::start_local_with(narad_tests::Options::default()).await;
+    s.create_topic("c", serde_json::json!({})).await;
+    s.produce("c", "x").await;
+    // Damage the manifest behind the broker's back, as an interrupted emulator write can.
+    let key = "topics/c/0/manifest.json";
+    let o = s.store.get(key).await.unwrap().unwrap();
+    s.store
+        .put_if_match(
+            key,
+            bytes::Bytes::from_static(b"{\"format\":3,\"ver"),
+            &o.etag,
+        )
+        .await
+        .unwrap();
+    let r = s.consume_raw("c", "").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()["retry-after"], "30");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "partition_corrupt");
+    assert!(
+        !v.to_string().contains("manifest.json"),
+        "the key goes to the log, not to the client: {v}"
+    );
+    let metrics = s
+        .req(Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let seen: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_corrupt_objects_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(seen >= 1.0, "{metrics}");
+}

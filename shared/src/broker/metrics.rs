@@ -77,6 +77,12 @@ impl Broker {
                 "Messages moved to a dead-letter topic.",
                 self.dead_lettered.load(Ordering::Relaxed) as f64,
             ),
+            (
+                "narad_corrupt_objects_total",
+                "counter",
+                "Requests answered partition_corrupt (the log names each object).",
+                crate::error::CORRUPT_SEEN.load(Ordering::Relaxed) as f64,
+            ),
         ];
         for (name, kind, help, v) in gauges.into_iter().chain(self.combining_counters()) {
             let _ = writeln!(

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::error::BrokerError;
+use crate::error::{BrokerError, CORRUPT_SEEN};
 use crate::receipt::ReceiptError;
 use crate::store::StoreError;
 
@@ -50,6 +50,24 @@ impl ApiError {
         }
     }
 
+    /// 503 `partition_corrupt`: the detail (naming the object) goes to the log and the
+    /// `narad_corrupt_objects_total` counter, never to the client.
+    fn corrupt(object: &str) -> Self {
+        CORRUPT_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(
+            %object,
+            "corrupt stored object: this partition cannot be served until it is repaired"
+        );
+        Self {
+            retry_after: Some(30),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "partition_corrupt",
+                "a stored object of this partition is corrupt; the server log names it",
+            )
+        }
+    }
+
     fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -62,6 +80,9 @@ impl ApiError {
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         use StatusCode as S;
+        if let Some(object) = e.corruption() {
+            return Self::corrupt(&object);
+        }
         let msg = e.to_string();
         match e {
             BrokerError::InvalidTopic(_) => Self::new(S::BAD_REQUEST, "invalid_topic_name", msg),
@@ -95,10 +116,8 @@ impl From<BrokerError> for ApiError {
                 tracing::error!(error = %err, "storage error");
                 Self::internal()
             }
-            BrokerError::Corrupt(detail) => {
-                tracing::error!(%detail, "corrupt stored data");
-                Self::internal()
-            }
+            // Answered above (`corruption`); the arm keeps the match exhaustive.
+            BrokerError::Corrupt(detail) => Self::corrupt(&detail),
             BrokerError::Internal(detail) => {
                 tracing::error!(%detail, "internal error (a bug)");
                 Self::internal()

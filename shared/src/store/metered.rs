@@ -105,7 +105,7 @@ impl MeteredStore {
             Err(StoreError::Conflict) => 1,
             Err(StoreError::NotFound) => 2,
             Err(StoreError::Unavailable(_)) => 3,
-            Err(StoreError::Other(_)) => 4,
+            Err(StoreError::Other(_) | StoreError::Corrupt(_)) => 4,
         };
         self.counts[op][outcome].fetch_add(1, Ordering::Relaxed);
     }

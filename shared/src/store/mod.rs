@@ -126,9 +126,13 @@ pub enum StoreError {
     /// The request may or may not have been applied.
     #[error("storage temporarily unavailable: {0}")]
     Unavailable(#[source] Failure),
-    /// A permanent failure (permissions, misconfiguration, corrupt data).
+    /// A permanent failure (permissions, misconfiguration).
     #[error("storage error: {0}")]
     Other(#[source] Failure),
+    /// The stored object fails the store's own integrity check (a body checksum that
+    /// does not match, read after read): its bytes are damaged, so retrying cannot help.
+    #[error("corrupt stored object: {0}")]
+    Corrupt(#[source] Failure),
 }
 
 impl StoreError {

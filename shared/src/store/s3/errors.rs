@@ -16,6 +16,13 @@ pub(super) fn etag_of(op: &str, key: &str, etag: Option<&str>) -> StoreResult<St
     }
 }
 
+/// Whether a failed body read failed the SDK's response checksum check (the stored bytes
+/// do not match their stored checksum; S3 itself never serves such an object, but an
+/// emulator interrupted mid-write may: localstack/README.md).
+pub(super) fn is_checksum_mismatch(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(f) if f.message().contains("checksum mismatch"))
+}
+
 /// Classifies every S3 error (see the table in the module documentation). The SDK error
 /// is kept as the source of the returned [`Failure`].
 pub(super) fn map_err<E>(op: &str, key: &str, err: SdkError<E, HttpResponse>) -> StoreError
@@ -137,5 +144,15 @@ mod tests {
     fn etag_is_verbatim() {
         assert_eq!(etag_of("op", "k", Some("\"abc\"")).unwrap(), "\"abc\"");
         assert!(etag_of("op", "k", None).is_err());
+    }
+
+    #[test]
+    fn a_body_checksum_mismatch_is_told_apart() {
+        let mismatch = StoreError::unavailable(
+            "GetObject k: reading the body failed: body checksum mismatch. expected body checksum to be 98e36520 but it was 35461ec5",
+        );
+        assert!(is_checksum_mismatch(&mismatch));
+        assert!(!is_checksum_mismatch(&StoreError::unavailable("timed out")));
+        assert!(!is_checksum_mismatch(&StoreError::Conflict));
     }
 }

@@ -361,7 +361,7 @@ impl S3Store {
 #[async_trait]
 impl Store for S3Store {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
-        match retry_safe(|| self.get_once(key, None)).await? {
+        match corrupt_if_still_mismatched(retry_safe(|| self.get_once(key, None)).await)? {
             Fetched::Object(o) => Ok(Some(o)),
             Fetched::Missing | Fetched::Unchanged => Ok(None),
         }
@@ -369,7 +369,7 @@ impl Store for S3Store {
 
     /// `GetObject` with `If-None-Match: <etag>`: a 304 costs no body transfer.
     async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
-        retry_safe(|| self.get_once(key, Some(etag))).await
+        corrupt_if_still_mismatched(retry_safe(|| self.get_once(key, Some(etag))).await)
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
@@ -496,6 +496,18 @@ impl Store for S3Store {
 
 /// Runs an idempotent operation, retrying up to [`SAFE_RETRIES`] times on `Unavailable`
 /// with full-jitter exponential backoff.
+/// A body checksum mismatch that survived every retry is damage, not a glitch on the wire:
+/// [`StoreError::Corrupt`].
+fn corrupt_if_still_mismatched<T>(r: StoreResult<T>) -> StoreResult<T> {
+    match r {
+        Err(e) if errors::is_checksum_mismatch(&e) => match e {
+            StoreError::Unavailable(f) => Err(StoreError::Corrupt(f)),
+            other => Err(other),
+        },
+        other => other,
+    }
+}
+
 async fn retry_safe<T, F, Fut>(mut op: F) -> StoreResult<T>
 where
     F: FnMut() -> Fut,
