@@ -79,15 +79,15 @@ async fn a_corrupt_manifest_is_reported_as_corrupt_not_unavailable() {
     let s = Server::start_local_with(narad_tests::Options::default()).await;
     s.create_topic("c", serde_json::json!({})).await;
     s.produce("c", "x").await;
-    // Damage the manifest behind the broker's back, as an interrupted emulator write can.
+    // Damage the manifest behind the broker's back: one digit, so it still parses as JSON
+    // (only its own checksum can tell).
     let key = "topics/c/0/manifest.json";
     let o = s.store.get(key).await.unwrap().unwrap();
+    let text = String::from_utf8(o.data.to_vec()).unwrap();
+    assert!(text.contains("\"next_offset\":1,"), "{text}");
+    let damaged = text.replace("\"next_offset\":1,", "\"next_offset\":7,");
     s.store
-        .put_if_match(
-            key,
-            bytes::Bytes::from_static(b"{\"format\":3,\"ver"),
-            &o.etag,
-        )
+        .put_if_match(key, bytes::Bytes::from(damaged), &o.etag)
         .await
         .unwrap();
     let r = s.consume_raw("c", "").await;

@@ -669,7 +669,8 @@ impl ManifestSizes {
         let mut out = (0, 0);
         for k in &self.keys {
             if let Ok(Some(o)) = self.store.get(k).await {
-                let indexes = serde_json::from_slice::<Value>(&o.data)
+                let json = narad_shared::cas::open_json(&o.data).unwrap_or(&o.data);
+                let indexes = serde_json::from_slice::<Value>(json)
                     .ok()
                     .and_then(|v| v["indexes"].as_array().map(Vec::len))
                     .unwrap_or(0);

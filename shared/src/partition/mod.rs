@@ -80,11 +80,12 @@ impl From<&TopicSettings> for Rules {
     }
 }
 
-/// The manifest format this code writes. Format 1 (no `format` field, no `indexes`) and
-/// format 2 (no combining fields) are read as well and rewritten as format 3 by the next
-/// commit. A version that reads only format 2 refuses format 3 rather than drop
-/// `combined_through` (which would let a segment land twice).
-pub const MANIFEST_FORMAT: u32 = 3;
+/// The manifest format this code writes. Format 1 (no `format` field, no `indexes`),
+/// format 2 (no combining fields) and format 3 (no checksum trailer, [`crate::cas::seal_json`])
+/// are read as well and rewritten as format 4 by the next commit. A version that reads only
+/// format 2 refuses format 3 rather than drop `combined_through` (which would let a segment
+/// land twice); one that reads only format 3 refuses format 4 at its trailer.
+pub const MANIFEST_FORMAT: u32 = 4;
 
 fn format_1() -> u32 {
     1
@@ -390,8 +391,8 @@ impl Stored for Manifest {
     }
 
     fn decode(data: &[u8], incarnation: &String) -> Result<Self, Invalid> {
-        let mut stored: Manifest =
-            serde_json::from_slice(data).map_err(|e| Invalid::Corrupt(e.to_string()))?;
+        let mut stored: Manifest = serde_json::from_slice(crate::cas::open_json(data)?)
+            .map_err(|e| Invalid::Corrupt(e.to_string()))?;
         if stored.format > MANIFEST_FORMAT {
             return Err(Invalid::Corrupt(format!(
                 "manifest format {} is newer than this version of Narad reads ({MANIFEST_FORMAT})",
@@ -420,7 +421,7 @@ impl Stored for Manifest {
 
     fn encode(&self) -> Result<Bytes, String> {
         serde_json::to_vec(self)
-            .map(Bytes::from)
+            .map(crate::cas::seal_json)
             .map_err(|e| e.to_string())
     }
 
