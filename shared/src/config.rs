@@ -235,13 +235,22 @@ fn bounded(
     Ok(n)
 }
 
+/// The duration in milliseconds in `var`, as [`bounded`].
+fn bounded_ms(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    default: Duration,
+    lo: u64,
+    hi: u64,
+) -> Result<Duration, ConfigError> {
+    bounded(get, var, default.as_millis() as u64, lo, hi).map(Duration::from_millis)
+}
+
 /// The broker limits from the `NARAD_*` variables, each within its range.
 fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions, ConfigError> {
     let defaults = BrokerOptions::default();
     let num = |var, default, lo, hi| bounded(get, var, default, lo, hi);
-    let ms = |var, default: Duration, lo, hi| {
-        num(var, default.as_millis() as u64, lo, hi).map(Duration::from_millis)
-    };
+    let ms = |var, default, lo, hi| bounded_ms(get, var, default, lo, hi);
     Ok(BrokerOptions {
         max_message_bytes: num(
             "NARAD_MAX_MESSAGE_BYTES",
@@ -267,9 +276,7 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
 fn http_options(get: &impl Fn(&str) -> Option<String>) -> Result<HttpOptions, ConfigError> {
     let d = HttpOptions::default();
     let num = |var, default, lo, hi| bounded(get, var, default, lo, hi);
-    let ms = |var, default: Duration, lo, hi| {
-        num(var, default.as_millis() as u64, lo, hi).map(Duration::from_millis)
-    };
+    let ms = |var, default, lo, hi| bounded_ms(get, var, default, lo, hi);
     Ok(HttpOptions {
         header_timeout: ms("NARAD_HEADER_TIMEOUT_MS", d.header_timeout, 100, 600_000)?,
         body_timeout: ms("NARAD_BODY_TIMEOUT_MS", d.body_timeout, 100, 600_000)?,

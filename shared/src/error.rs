@@ -78,18 +78,6 @@ pub type BrokerResult<T> = Result<T, BrokerError>;
 /// `narad_corrupt_objects_total`), counted where errors become responses.
 pub static CORRUPT_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-impl BrokerError {
-    /// What is damaged, when this error is a corrupt stored object (one that does not
-    /// decode, fails a checksum, or that the store itself reports damaged).
-    pub fn corruption(&self) -> Option<String> {
-        match self {
-            BrokerError::Corrupt(detail) => Some(detail.clone()),
-            BrokerError::Store(StoreError::Corrupt(f)) => Some(f.to_string()),
-            _ => None,
-        }
-    }
-}
-
 impl From<Refused> for BrokerError {
     fn from(r: Refused) -> Self {
         match r {

@@ -633,6 +633,14 @@ impl Process {
     }
 }
 
+/// The value of the unlabelled metric `name` in a `/metrics` text, if it is there.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -42,14 +42,9 @@ async fn broker(store: DynStore) -> Broker {
 fn commits(brokers: &[Arc<Broker>]) -> (f64, f64) {
     let mut out = (0.0, 0.0);
     for b in brokers {
-        for line in b.metrics_text().lines() {
-            let mut it = line.split(' ');
-            match (it.next(), it.next().and_then(|v| v.parse::<f64>().ok())) {
-                (Some("narad_commits_total"), Some(v)) => out.0 += v,
-                (Some("narad_committed_operations_total"), Some(v)) => out.1 += v,
-                _ => {}
-            }
-        }
+        let text = b.metrics_text();
+        out.0 += narad_tests::metric(&text, "narad_commits_total").unwrap_or(0.0);
+        out.1 += narad_tests::metric(&text, "narad_committed_operations_total").unwrap_or(0.0);
     }
     out
 }

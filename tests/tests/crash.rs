@@ -336,15 +336,11 @@ async fn sigkill_and_restart_loses_nothing() {
             .text()
             .await
             .unwrap();
-        for line in text.lines() {
-            let mut it = line.split(' ');
-            if let (
-                Some("narad_combined_by_others_total" | "narad_combining_sweeps_total"),
-                Some(v),
-            ) = (it.next(), it.next().and_then(|v| v.parse::<f64>().ok()))
-            {
-                combined += v;
-            }
+        for name in [
+            "narad_combined_by_others_total",
+            "narad_combining_sweeps_total",
+        ] {
+            combined += narad_tests::metric(&text, name).unwrap_or(0.0);
         }
     }
     println!("crash test: the surviving processes combined {combined} times");

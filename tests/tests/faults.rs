@@ -673,16 +673,10 @@ impl Run {
 
     /// A metric summed over the workload's brokers.
     fn metric(&self, name: &str) -> f64 {
-        let mut sum = 0.0;
-        for b in &self.brokers {
-            for line in b.metrics_text().lines() {
-                let mut it = line.split(' ');
-                if it.next() == Some(name) {
-                    sum += it.next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-                }
-            }
-        }
-        sum
+        self.brokers
+            .iter()
+            .map(|b| narad_tests::metric(&b.metrics_text(), name).unwrap_or(0.0))
+            .sum()
     }
 }
 

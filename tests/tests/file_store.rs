@@ -107,11 +107,6 @@ async fn a_corrupt_manifest_is_reported_as_corrupt_not_unavailable() {
         .text()
         .await
         .unwrap();
-    let seen: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("narad_corrupt_objects_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let seen = narad_tests::metric(&metrics, "narad_corrupt_objects_total").unwrap();
     assert!(seen >= 1.0, "{metrics}");
 }

@@ -149,24 +149,30 @@ impl Broker {
             created_at_ms: self.clock.now_ms(),
         };
         let key = keys::topic_settings(name);
+        let cell = self.record_cell(&key);
         // The quota, checked before a new topic only (soft: two creates at once may both
-        // pass it).
-        if matches!(self.load_topic(name).await, Err(BrokerError::TopicNotFound)) {
+        // pass it). The record read for it is the one the write starts from.
+        let snap = cell.read::<BrokerError>().await?;
+        if snap.value.is_none() {
             let max = self.opts.max_topics;
             if self.count_topics().await? >= max {
                 return Err(BrokerError::TooManyTopics(max));
             }
         }
-        let (created, snap) = self
-            .record_cell(&key)
-            .update(Pure(|cur: &mut Option<TopicRecord>| match cur {
-                Some(old) if old.settings == new.settings => Ok(Decision::Keep(Created::Existing)),
-                Some(_) => Err(BrokerError::TopicConflict),
-                None => {
-                    *cur = Some(new.clone());
-                    Ok(Decision::Commit(Created::New))
-                }
-            }))
+        let (created, snap) = cell
+            .update_cached(
+                &mut Some(snap),
+                &mut Pure(|cur: &mut Option<TopicRecord>| match cur {
+                    Some(old) if old.settings == new.settings => {
+                        Ok(Decision::Keep(Created::Existing))
+                    }
+                    Some(_) => Err(BrokerError::TopicConflict),
+                    None => {
+                        *cur = Some(new.clone());
+                        Ok(Decision::Commit(Created::New))
+                    }
+                }),
+            )
             .await?;
         let topic = self.remember(name, snap)?;
         Ok((matches!(created, Created::New), topic))

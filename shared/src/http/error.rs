@@ -80,9 +80,6 @@ impl ApiError {
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         use StatusCode as S;
-        if let Some(object) = e.corruption() {
-            return Self::corrupt(&object);
-        }
         let msg = e.to_string();
         match e {
             BrokerError::InvalidTopic(_) => Self::new(S::BAD_REQUEST, "invalid_topic_name", msg),
@@ -112,11 +109,11 @@ impl From<BrokerError> for ApiError {
                     "storage is temporarily unavailable; retry later",
                 )
             }
+            BrokerError::Store(StoreError::Corrupt(failure)) => Self::corrupt(&failure.to_string()),
             BrokerError::Store(err) => {
                 tracing::error!(error = %err, "storage error");
                 Self::internal()
             }
-            // Answered above (`corruption`); the arm keeps the match exhaustive.
             BrokerError::Corrupt(detail) => Self::corrupt(&detail),
             BrokerError::Internal(detail) => {
                 tracing::error!(%detail, "internal error (a bug)");

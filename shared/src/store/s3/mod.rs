@@ -70,6 +70,7 @@ use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{ProvideCredentials, Region};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 use bytes::Bytes;
@@ -356,6 +357,32 @@ impl S3Store {
         };
         Ok((keys, next))
     }
+
+    /// One `ListObjectsV2` page under `prefix`: at most `max` (≤ 1000) entries, starting
+    /// after the full key `start_after`, grouped by `delimiter` when given.
+    async fn list_one_page(
+        &self,
+        prefix: &str,
+        start_after: Option<String>,
+        delimiter: Option<&str>,
+        max: usize,
+    ) -> StoreResult<ListObjectsV2Output> {
+        let full_prefix = self.full_key(prefix);
+        let max_keys = i32::try_from(max.clamp(1, 1000)).unwrap_or(1000);
+        retry_safe(|| async {
+            self.client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&full_prefix)
+                .set_delimiter(delimiter.map(str::to_owned))
+                .set_start_after(start_after.clone())
+                .max_keys(max_keys)
+                .send()
+                .await
+                .map_err(|err| map_err("ListObjectsV2", &full_prefix, err))
+        })
+        .await
+    }
 }
 
 #[async_trait]
@@ -430,21 +457,8 @@ impl Store for S3Store {
     }
 
     async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
-        let full_prefix = self.full_key(prefix);
         let start = self.full_key(&format!("{prefix}{after}"));
-        let max_keys = i32::try_from(max.clamp(1, 1000)).unwrap_or(1000);
-        let page = retry_safe(|| async {
-            self.client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(&full_prefix)
-                .start_after(&start)
-                .max_keys(max_keys)
-                .send()
-                .await
-                .map_err(|err| map_err("ListObjectsV2", &full_prefix, err))
-        })
-        .await?;
+        let page = self.list_one_page(prefix, Some(start), None, max).await?;
         let mut keys: Vec<String> = page
             .contents()
             .iter()
@@ -457,24 +471,11 @@ impl Store for S3Store {
     }
 
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
-        let full_prefix = self.full_key(prefix);
         // Past every key below `after/` (keys are UTF-8; no character sorts after this one).
         let start =
             (!after.is_empty()).then(|| self.full_key(&format!("{prefix}{after}/{}", char::MAX)));
-        let max_keys = i32::try_from(max.clamp(1, 1000)).unwrap_or(1000);
-        let page = retry_safe(|| async {
-            self.client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(&full_prefix)
-                .delimiter("/")
-                .set_start_after(start.clone())
-                .max_keys(max_keys)
-                .send()
-                .await
-                .map_err(|err| map_err("ListObjectsV2", &full_prefix, err))
-        })
-        .await?;
+        let page = self.list_one_page(prefix, start, Some("/"), max).await?;
+        let full_prefix = self.full_key(prefix);
         let names = page
             .common_prefixes()
             .iter()
@@ -494,8 +495,6 @@ impl Store for S3Store {
     }
 }
 
-/// Runs an idempotent operation, retrying up to [`SAFE_RETRIES`] times on `Unavailable`
-/// with full-jitter exponential backoff.
 /// A body checksum mismatch that survived every retry is damage, not a glitch on the wire:
 /// [`StoreError::Corrupt`].
 fn corrupt_if_still_mismatched<T>(r: StoreResult<T>) -> StoreResult<T> {
@@ -508,6 +507,8 @@ fn corrupt_if_still_mismatched<T>(r: StoreResult<T>) -> StoreResult<T> {
     }
 }
 
+/// Runs an idempotent operation, retrying up to [`SAFE_RETRIES`] times on `Unavailable`
+/// with full-jitter exponential backoff.
 async fn retry_safe<T, F, Fut>(mut op: F) -> StoreResult<T>
 where
     F: FnMut() -> Fut,

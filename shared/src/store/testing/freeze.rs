@@ -56,6 +56,17 @@ impl FreezeStore {
         }
     }
 
+    /// Runs `op` unless frozen, and hangs instead of answering if frozen meanwhile.
+    async fn read<T>(
+        &self,
+        op: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        self.gate().await;
+        let r = op.await;
+        self.gate().await;
+        r
+    }
+
     /// Applies `op`, then hangs forever if frozen after applying (one write lands, the
     /// instance never hears of it, and nothing after it reaches the store).
     async fn write<T>(
@@ -79,17 +90,11 @@ impl FreezeStore {
 #[async_trait]
 impl Store for FreezeStore {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
-        self.gate().await;
-        let r = self.inner.get(key).await;
-        self.gate().await;
-        r
+        self.read(self.inner.get(key)).await
     }
 
     async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
-        self.gate().await;
-        let r = self.inner.get_if_changed(key, etag).await;
-        self.gate().await;
-        r
+        self.read(self.inner.get_if_changed(key, etag)).await
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
@@ -105,24 +110,15 @@ impl Store for FreezeStore {
     }
 
     async fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.gate().await;
-        let r = self.inner.list(prefix).await;
-        self.gate().await;
-        r
+        self.read(self.inner.list(prefix)).await
     }
 
     async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
-        self.gate().await;
-        let r = self.inner.list_after(prefix, after, max).await;
-        self.gate().await;
-        r
+        self.read(self.inner.list_after(prefix, after, max)).await
     }
 
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
-        self.gate().await;
-        let r = self.inner.list_dirs(prefix, after, max).await;
-        self.gate().await;
-        r
+        self.read(self.inner.list_dirs(prefix, after, max)).await
     }
 
     fn describe(&self) -> String {
