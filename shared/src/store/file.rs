@@ -23,7 +23,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{content_etag, Failure, Object, Store, StoreError, StoreResult};
+use super::{content_etag, Failure, Listed, Object, Store, StoreError, StoreResult};
 
 const LOCK_FILE: &str = ".lock";
 const TMP_DIR: &str = ".tmp";
@@ -323,6 +323,42 @@ impl Store for FileStore {
                 }
             }
             Ok(super::dir_page(names, &after, max))
+        })
+        .await
+        .map_err(io_err)
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        let dir = self.root.join(prefix.trim_end_matches('/'));
+        let prefix = prefix.to_owned();
+        blocking(move || {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            };
+            let mut names = Vec::new();
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let reserved = name.starts_with(".tmp") || name == LOCK_FILE;
+                if !reserved && entry.file_type()?.is_file() {
+                    names.push(name);
+                }
+            }
+            names.sort();
+            names.truncate(super::MAX_LISTED_FILES);
+            let mut out = Vec::with_capacity(names.len());
+            for name in names {
+                // Deleted between the listing and the read: not listed, as on S3.
+                if let Some(data) = read_opt(&dir.join(&name))? {
+                    out.push(Listed {
+                        key: format!("{prefix}{name}"),
+                        etag: content_etag(&data),
+                    });
+                }
+            }
+            Ok(out)
         })
         .await
         .map_err(io_err)

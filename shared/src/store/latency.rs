@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{DynStore, Fetched, Object, Store, StoreResult};
+use super::{DynStore, Fetched, Listed, Object, Store, StoreResult};
 
 /// Wraps a store; every call sleeps `delay` before it is forwarded.
 pub struct LatencyStore {
@@ -64,6 +64,11 @@ impl Store for LatencyStore {
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
         tokio::time::sleep(self.delay).await;
         self.inner.list_dirs(prefix, after, max).await
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.list_files(prefix).await
     }
 
     fn describe(&self) -> String {

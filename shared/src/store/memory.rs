@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Mutex;
 
-use super::{content_etag, Object, Store, StoreError, StoreResult};
+use super::{content_etag, Listed, Object, Store, StoreError, StoreResult};
 
 /// A map behind one lock; every operation is atomic.
 #[derive(Debug, Default)]
@@ -85,6 +85,20 @@ impl Store for MemoryStore {
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(max)
             .map(|(k, _)| k.clone())
+            .collect())
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        let map = self.objects.lock().await;
+        Ok(map
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| !k[prefix.len()..].contains('/'))
+            .take(super::MAX_LISTED_FILES)
+            .map(|(k, o)| Listed {
+                key: k.clone(),
+                etag: o.etag.clone(),
+            })
             .collect())
     }
 

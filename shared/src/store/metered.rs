@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{DynStore, Fetched, Object, Store, StoreError, StoreResult};
+use super::{DynStore, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
 /// Operations, in the order [`Counts`] reports them.
 pub const OPS: [&str; 5] = ["get", "put_if_absent", "put_if_match", "delete", "list"];
@@ -157,6 +157,12 @@ impl Store for MeteredStore {
 
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
         let r = self.inner.list_dirs(prefix, after, max).await;
+        self.record(4, &r);
+        r
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        let r = self.inner.list_files(prefix).await;
         self.record(4, &r);
         r
     }

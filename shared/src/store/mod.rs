@@ -213,8 +213,42 @@ pub trait Store: Send + Sync + 'static {
         Ok(dir_page(names, after, max))
     }
 
+    /// The objects directly under `prefix` (which ends with `/`), with their ETags, in key
+    /// order: keys with no further `/` after the prefix, at most [`MAX_LISTED_FILES`]. One
+    /// page of a delimited listing (`ListObjectsV2` with `Delimiter=/`): one request however
+    /// many objects lie deeper, and the ETags equal what [`Store::get`] answers, so a
+    /// caller can tell which cached objects changed without reading them (the idle
+    /// watch, `broker/watch.rs`). The default derives it from [`Store::list`] and
+    /// [`Store::get`].
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        let mut out = Vec::new();
+        for key in self.list(prefix).await? {
+            let direct = key.strip_prefix(prefix).is_some_and(|r| !r.contains('/'));
+            if !direct || out.len() >= MAX_LISTED_FILES {
+                continue;
+            }
+            if let Some(o) = self.get(&key).await? {
+                out.push(Listed { key, etag: o.etag });
+            }
+        }
+        Ok(out)
+    }
+
     /// A short description for logs and startup messages (never contains secrets).
     fn describe(&self) -> String;
+}
+
+/// Most objects one [`Store::list_files`] answers (one S3 listing page, which also
+/// counts the sub-prefixes beside them: callers keep both together under 1000).
+pub const MAX_LISTED_FILES: usize = 1000;
+
+/// One object of a [`Store::list_files`] listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The key, relative to the store's root.
+    pub key: String,
+    /// Its ETag, as [`Store::get`] would answer it.
+    pub etag: String,
 }
 
 /// One page of directory names as [`Store::list_dirs`] returns it, from `names` in any

@@ -82,7 +82,7 @@ mod location;
 use errors::{etag_of, map_err};
 use location::{parse_location, strip_userinfo};
 
-use super::{Failure, Fetched, Object, Store, StoreError, StoreResult};
+use super::{Failure, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
 /// Retries of an idempotent operation (`get`, `list`, `delete`) after an `Unavailable` error.
 pub const SAFE_RETRIES: u32 = 3;
@@ -484,6 +484,25 @@ impl Store for S3Store {
             .map(|p| p.trim_end_matches('/').to_owned())
             .collect();
         Ok(crate::store::dir_page(names, after, max))
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        let page = self
+            .list_one_page(prefix, None, Some("/"), super::MAX_LISTED_FILES)
+            .await?;
+        let mut out: Vec<Listed> = page
+            .contents()
+            .iter()
+            .filter_map(|o| Some((o.key()?, o.e_tag()?)))
+            .filter_map(|(k, e)| {
+                Some(Listed {
+                    key: k.strip_prefix(&self.prefix)?.to_owned(),
+                    etag: e.to_owned(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
     }
 
     fn describe(&self) -> String {

@@ -208,6 +208,7 @@ async fn list_after_pages(s: &dyn Store, p: &str) {
         .await
         .unwrap()
         .is_empty());
+    list_files_with_etags(s, p).await;
     assert_eq!(
         s.list_after(&format!("{p}/list/"), "a/2", 10)
             .await
@@ -218,6 +219,43 @@ async fn list_after_pages(s: &dyn Store, p: &str) {
             format!("{p}/list/c")
         ]
     );
+}
+
+/// `list_files`: only the objects directly under the prefix, with the ETags `get` answers
+/// (the idle watch compares them with cached ones).
+async fn list_files_with_etags(s: &dyn Store, p: &str) {
+    let list = format!("{p}/list/");
+    let d = format!("{p}/list/d");
+    s.put_if_absent(&d, Bytes::from_static(b"one"))
+        .await
+        .unwrap();
+    let files = s.list_files(&list).await.unwrap();
+    let keys: Vec<&str> = files.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        vec![format!("{p}/list/c"), d.clone()],
+        "list_files: the objects directly under the prefix, in order, nothing deeper"
+    );
+    for f in &files {
+        let got = s.get(&f.key).await.unwrap().unwrap();
+        assert_eq!(
+            f.etag, got.etag,
+            "list_files must answer the ETag get answers"
+        );
+    }
+    let before = files[1].etag.clone();
+    s.put_if_match(&d, Bytes::from_static(b"two"), &before)
+        .await
+        .unwrap();
+    let after = s.list_files(&list).await.unwrap();
+    assert_ne!(after[1].etag, before, "a changed object lists a new ETag");
+    s.delete(&d).await.unwrap();
+    assert_eq!(s.list_files(&list).await.unwrap().len(), 1);
+    assert!(s
+        .list_files(&format!("{p}/nothing/"))
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 async fn binary_content_round_trips(s: &dyn Store, p: &str) {

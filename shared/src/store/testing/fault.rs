@@ -24,7 +24,7 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::store::{DynStore, Fetched, Object, Store, StoreError, StoreResult};
+use crate::store::{DynStore, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
 /// How often each fault happens, as probabilities per request.
 #[derive(Debug, Clone, Copy)]
@@ -199,6 +199,13 @@ impl Store for FaultStore {
         match self.draw(false, false).await {
             Fault::Before => Err(unavailable("list")),
             _ => self.inner.list_dirs(prefix, after, max).await,
+        }
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        match self.draw(false, false).await {
+            Fault::Before => Err(unavailable("list")),
+            _ => self.inner.list_files(prefix).await,
         }
     }
 

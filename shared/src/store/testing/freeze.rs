@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::store::{DynStore, Fetched, Object, Store, StoreResult};
+use crate::store::{DynStore, Fetched, Listed, Object, Store, StoreResult};
 
 const RUNNING: u8 = 0;
 const BEFORE: u8 = 1;
@@ -119,6 +119,10 @@ impl Store for FreezeStore {
 
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
         self.read(self.inner.list_dirs(prefix, after, max)).await
+    }
+
+    async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        self.read(self.inner.list_files(prefix)).await
     }
 
     fn describe(&self) -> String {
