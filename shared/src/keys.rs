@@ -5,7 +5,7 @@
 //! | key | what |
 //! |---|---|
 //! | `topics/{topic}/topic.json` | topic settings, created with put-if-absent |
-//! | `topics/{topic}/{partition}/manifest.json` | the partition's mutable state, replaced by CAS |
+//! | `topics/{topic}/{partition}.manifest.json` | the partition's mutable state, replaced by CAS (`topics/{topic}/{partition}/manifest.json` in topics of layout 1) |
 //! | `topics/{topic}/{partition}/segments/{id}` | an immutable batch of messages |
 //! | `topics/{topic}/{partition}/indexes/{id}` | an immutable list of older segments (or of lower indexes) |
 //! | `topics/{topic}/{partition}/dedup/{id}` | an immutable chunk of remembered idempotency keys |
@@ -54,9 +54,30 @@ pub fn topic_settings(topic: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/topic.json")
 }
 
-/// `topics/{topic}/{partition}/manifest.json`.
-pub fn manifest(topic: &str, partition: u32) -> String {
-    format!("{TOPICS_PREFIX}{topic}/{partition}/manifest.json")
+/// The manifest layout of topics created since the idle watch: every manifest directly
+/// under the topic, beside `topic.json`, so that one delimited listing of the topic shows
+/// every partition's manifest ETag (docs/design.md §2).
+pub const LAYOUT_FLAT: u32 = 2;
+
+/// A partition's manifest: `topics/{topic}/{partition}.manifest.json` in
+/// [`LAYOUT_FLAT`], `topics/{topic}/{partition}/manifest.json` in layout 1 (topics
+/// created before it).
+pub fn manifest(topic: &str, layout: u32, partition: u32) -> String {
+    if layout >= LAYOUT_FLAT {
+        format!("{TOPICS_PREFIX}{topic}/{partition}.manifest.json")
+    } else {
+        format!("{TOPICS_PREFIX}{topic}/{partition}/manifest.json")
+    }
+}
+
+/// The partition whose manifest `key` is, if it is a [`LAYOUT_FLAT`] manifest of `topic`.
+pub fn partition_of_manifest(topic: &str, key: &str) -> Option<u32> {
+    key.strip_prefix(TOPICS_PREFIX)?
+        .strip_prefix(topic)?
+        .strip_prefix('/')?
+        .strip_suffix(".manifest.json")?
+        .parse()
+        .ok()
 }
 
 /// `topics/{topic}/{partition}/segments/{id}`.
@@ -106,7 +127,23 @@ mod tests {
     #[test]
     fn keys_are_pinned() {
         assert_eq!(topic_settings("orders"), "topics/orders/topic.json");
-        assert_eq!(manifest("orders", 3), "topics/orders/3/manifest.json");
+        assert_eq!(manifest("orders", 1, 3), "topics/orders/3/manifest.json");
+        assert_eq!(
+            manifest("orders", LAYOUT_FLAT, 3),
+            "topics/orders/3.manifest.json"
+        );
+        assert_eq!(
+            partition_of_manifest("orders", "topics/orders/3.manifest.json"),
+            Some(3)
+        );
+        assert_eq!(
+            partition_of_manifest("orders", "topics/orders.x/3.manifest.json"),
+            None
+        );
+        assert_eq!(
+            partition_of_manifest("orders", "topics/orders/topic.json"),
+            None
+        );
         assert_eq!(segment("orders", 0, "abc"), "topics/orders/0/segments/abc");
         assert_eq!(index("orders", 0, "abc"), "topics/orders/0/indexes/abc");
         assert_eq!(dedup_chunk("orders", 0, "abc"), "topics/orders/0/dedup/abc");

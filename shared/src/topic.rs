@@ -19,6 +19,14 @@ pub struct TopicRecord {
     pub incarnation: String,
     /// Creation time, wall-clock ms.
     pub created_at_ms: u64,
+    /// Where the partitions' manifests are ([`crate::keys::manifest`]): 1 (records
+    /// without the field) or [`crate::keys::LAYOUT_FLAT`], which new topics get.
+    #[serde(default = "layout_1")]
+    pub layout: u32,
+}
+
+fn layout_1() -> u32 {
+    1
 }
 
 impl JsonRecord for TopicRecord {}
@@ -34,6 +42,8 @@ pub struct Topic {
     pub incarnation: String,
     /// Creation time, wall-clock ms.
     pub created_at_ms: u64,
+    /// Where its manifests are (see [`TopicRecord::layout`]).
+    pub layout: u32,
     /// ETag of the settings object this was read from.
     pub etag: String,
     /// Served from this process's cache (possibly up to `topic_cache` old): a request
@@ -42,6 +52,11 @@ pub struct Topic {
 }
 
 impl Topic {
+    /// The key of partition `p`'s manifest.
+    pub fn manifest_key(&self, p: u32) -> String {
+        crate::keys::manifest(&self.name, self.layout, p)
+    }
+
     /// The topic `name` as stored in `rec` with ETag `etag`, freshly read.
     pub fn from_record(name: &str, rec: TopicRecord, etag: String) -> Self {
         Self {
@@ -49,6 +64,7 @@ impl Topic {
             settings: rec.settings,
             incarnation: rec.incarnation,
             created_at_ms: rec.created_at_ms,
+            layout: rec.layout,
             etag,
             from_cache: false,
         }

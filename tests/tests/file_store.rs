@@ -81,7 +81,7 @@ async fn a_corrupt_manifest_is_reported_as_corrupt_not_unavailable() {
     s.produce("c", "x").await;
     // Damage the manifest behind the broker's back: one digit, so it still parses as JSON
     // (only its own checksum can tell).
-    let key = "topics/c/0/manifest.json";
+    let key = "topics/c/0.manifest.json";
     let o = s.store.get(key).await.unwrap().unwrap();
     let text = String::from_utf8(o.data.to_vec()).unwrap();
     assert!(text.contains("\"next_offset\":1,"), "{text}");

@@ -657,7 +657,7 @@ impl ManifestSizes {
         Self {
             store,
             keys: (0..partitions)
-                .map(|p| format!("topics/{topic}/{p}/manifest.json"))
+                .map(|p| narad_shared::keys::manifest(topic, narad_shared::keys::LAYOUT_FLAT, p))
                 .collect(),
             after: Arc::default(),
             peak: Arc::default(),

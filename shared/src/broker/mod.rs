@@ -180,8 +180,7 @@ impl Broker {
 
     /// Forgets what replays keep of `partition` after this process changed it.
     fn changed(&self, topic: &Topic, partition: u32) {
-        self.views
-            .forget(&crate::keys::manifest(&topic.name, partition));
+        self.views.forget(&topic.manifest_key(partition));
     }
 
     /// The next partition of this process's round-robin over `n` partitions.

@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use super::long_poll::Gauge;
 use super::{check_partition, Broker, Delivery};
 use crate::error::{BrokerError, BrokerResult};
-use crate::keys;
 use crate::partition::{Layout, Located, Manifest};
 use crate::topic::Topic;
 
@@ -47,7 +46,7 @@ impl Broker {
         check_partition(topic, partition)?;
         let now = self.clock.now_ms();
         let cutoff = now.saturating_sub(topic.settings.retention_ms);
-        let key = keys::manifest(&topic.name, partition);
+        let key = topic.manifest_key(partition);
         let fresh_for = self.opts.topic_cache;
         let kept = self.views.get(&key, topic, offset, cutoff, fresh_for);
         let from_view = kept.is_some();
@@ -105,7 +104,7 @@ impl Broker {
     ) -> BrokerResult<(Arc<Layout>, u32)> {
         let m = self.read_manifest(topic, partition).await?;
         let count = m.leases.get(&offset).map_or(0, |l| l.delivery_count);
-        let key = keys::manifest(&topic.name, partition);
+        let key = topic.manifest_key(partition);
         Ok((self.views.remember(key, topic, &m), count))
     }
 }

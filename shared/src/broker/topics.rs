@@ -147,6 +147,7 @@ impl Broker {
             settings,
             incarnation: self.ids.new_id(),
             created_at_ms: self.clock.now_ms(),
+            layout: keys::LAYOUT_FLAT,
         };
         let key = keys::topic_settings(name);
         let cell = self.record_cell(&key);
@@ -322,7 +323,7 @@ impl Broker {
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`], [`BrokerError::StaleTopic`].
     pub async fn read_manifest(&self, topic: &Topic, partition: u32) -> BrokerResult<Manifest> {
-        let key = keys::manifest(&topic.name, partition);
+        let key = topic.manifest_key(partition);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &key, &topic.incarnation);
         Ok(cell.read::<BrokerError>().await?.value)
     }

@@ -35,7 +35,6 @@ use crate::cache::Cache;
 use crate::cas::Snapshot;
 use crate::clock::{Clock, IdSource};
 use crate::error::{BrokerError, BrokerResult};
-use crate::keys;
 use crate::partition::batch::SettleOp;
 use crate::partition::compact::Swap;
 use crate::partition::dedup::Chunk;
@@ -296,7 +295,7 @@ impl Committer {
                     topic: topic.name.clone(),
                     incarnation: topic.incarnation.clone(),
                     partition,
-                    key: keys::manifest(&topic.name, partition),
+                    key: topic.manifest_key(partition),
                     state: Mutex::new(QueueState::default()),
                 })
             })
