@@ -10,7 +10,8 @@
 //! | `NARAD_RECEIPT_KEY` | (unset) | `key[,older-key…]`; the first signs, all verify; unset: generated once and kept in the store |
 //! | `NARAD_MAX_MESSAGE_BYTES` | 1048576 | largest payload; larger produces get 413 |
 //! | `NARAD_MAX_WAIT_MS` | 10000 | cap on a consume's `wait` |
-//! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store |
+//! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store at first (and always on topics of layout 1) |
+//! | `NARAD_IDLE_POLL_MAX_MS` | 4000 | the longest interval an idle topic's listing grows to while consumers wait: the most a message produced through another process waits for an idle waiter (docs/design.md §5) |
 //! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
 //! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
 //! | `NARAD_MAX_TOPICS` | 10000 | topics a store may hold; creating one more gets 409 `too_many_topics` |
@@ -38,8 +39,11 @@ pub struct BrokerOptions {
     pub max_message_bytes: usize,
     /// Cap on a consume's `wait`.
     pub max_wait: Duration,
-    /// How often a long poll re-reads the store for work from other processes.
+    /// How often a long poll re-reads the store for work from other processes, at first.
     pub poll_interval: Duration,
+    /// The longest interval between an idle topic's listings while consumers wait
+    /// (`broker/watch.rs`); never below `poll_interval`.
+    pub idle_poll_max: Duration,
     /// Bytes of decoded segments kept in memory (index objects get a quarter more).
     pub segment_cache_bytes: usize,
     /// How long topic settings are cached in this process. Settings changed by another
@@ -57,6 +61,7 @@ impl Default for BrokerOptions {
             max_message_bytes: 1 << 20,
             max_wait: Duration::from_secs(10),
             poll_interval: Duration::from_millis(500),
+            idle_poll_max: Duration::from_secs(4),
             segment_cache_bytes: 64 << 20,
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
@@ -260,6 +265,12 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
         )? as usize,
         max_wait: ms("NARAD_MAX_WAIT_MS", defaults.max_wait, 0, 25_000)?,
         poll_interval: ms("NARAD_POLL_INTERVAL_MS", defaults.poll_interval, 10, 60_000)?,
+        idle_poll_max: ms(
+            "NARAD_IDLE_POLL_MAX_MS",
+            defaults.idle_poll_max,
+            10,
+            600_000,
+        )?,
         segment_cache_bytes: num(
             "NARAD_SEGMENT_CACHE_BYTES",
             defaults.segment_cache_bytes as u64,

@@ -132,6 +132,79 @@ async fn topic_lifecycle() {
     );
 }
 
+/// Admin reads see the latest committed state whichever process (or Lambda instance) they
+/// reach, with the default topic cache: create → get → delete → get → re-create, in rounds
+/// with different settings each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reads_its_own_writes_across_instances() {
+    let s = Server::start().await;
+    for round in 1..=6u32 {
+        let partitions = 1 + round % 3;
+        s.create_topic("ryw", json!({ "partitions": partitions }))
+            .await;
+        let got = s.topic("ryw").await;
+        assert_eq!(
+            got["settings"]["partitions"], partitions,
+            "round {round}: {got}"
+        );
+        s.produce("ryw", format!("r{round}")).await;
+        let listed: Value = s
+            .req(Method::GET, "/v1/topics")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            listed.to_string().contains("\"ryw\""),
+            "round {round}: {listed}"
+        );
+        let r = s
+            .req(Method::DELETE, "/v1/topics/ryw")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT, "round {round}");
+        let r = s.req(Method::GET, "/v1/topics/ryw").send().await.unwrap();
+        assert_eq!(
+            error_code(r).await,
+            (StatusCode::NOT_FOUND, "topic_not_found".into()),
+            "round {round}: a deleted topic is gone for every instance"
+        );
+        let listed: Value = s
+            .req(Method::GET, "/v1/topics")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            !listed.to_string().contains("\"ryw\""),
+            "round {round}: {listed}"
+        );
+        let r = s
+            .req(Method::PATCH, "/v1/topics/ryw")
+            .body(r#"{"retention_ms":60000}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "round {round}");
+    }
+    s.create_topic("ryw", json!({"partitions": 2})).await;
+    let got = s.topic("ryw").await;
+    assert_eq!(got["settings"]["partitions"], 2);
+    assert!(
+        got["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["next_offset"] == 0),
+        "a re-created topic starts empty: {got}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_clear_4xx() {
     let s = Server::start().await;

@@ -15,9 +15,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::long_poll::Gauge;
+use tokio::time::Instant;
+
+use super::long_poll::{Gauge, Waiting};
+use super::watch::{Seen, View, Watch};
 use super::{check_partition, Broker};
-use crate::error::BrokerResult;
+use crate::commit::Peek;
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
 use crate::partition::{Grant, Layout, Settle};
 use crate::receipt::Claims;
 use crate::topic::Topic;
@@ -72,11 +77,20 @@ impl Broker {
         max: usize,
     ) -> BrokerResult<Vec<Delivery>> {
         let max = max.clamp(1, MAX_CONSUME_BATCH);
+        if !wait.is_zero() {
+            let watch = self.watches.get(name);
+            let topic = self.topic_seen(name, watch.view().as_ref()).await?;
+            if topic.layout >= keys::LAYOUT_FLAT {
+                return self
+                    .consume_watched(name, partition, wait, max, &watch)
+                    .await;
+            }
+        }
         let found = self
             .long_poll(name, wait, Gauge::Counted, || async move {
-                let got = self
+                let (got, _) = self
                     .with_topic(name, |topic| async move {
-                        self.lease_once(&topic, partition, max).await
+                        self.lease_once(&topic, partition, max, None).await
                     })
                     .await?;
                 Ok((!got.is_empty()).then_some(got))
@@ -85,13 +99,115 @@ impl Broker {
         Ok(found.unwrap_or_default())
     }
 
-    /// One pass over the partitions, leasing up to `max` messages.
+    /// A long-polling consume on a topic the idle watch covers ([`super::watch`]): the
+    /// topic is listed at most once per interval for every waiter of this process, and a
+    /// partition whose listed manifest is the cached one with nothing to lease is skipped.
+    async fn consume_watched(
+        &self,
+        name: &str,
+        partition: Option<u32>,
+        wait: Duration,
+        max: usize,
+        watch: &Watch,
+    ) -> BrokerResult<Vec<Delivery>> {
+        let deadline = Instant::now() + wait.min(self.opts.max_wait);
+        let waker = self.committer.wakers().get(name);
+        let mut counted = None;
+        loop {
+            let notified = waker.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let changed = watch.changed().notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (due, tried) = watch.due();
+            if Instant::now() >= due {
+                if let Err(e) = watch.refresh(&*self.store, tried).await {
+                    tracing::debug!(topic = name, error = %e, "idle listing failed");
+                }
+            }
+            let view = watch.view();
+            let topic = self.topic_seen(name, view.as_ref()).await?;
+            let view = view.as_ref();
+            let (got, lapse) = self
+                .with_loaded_topic(name, topic, |topic| async move {
+                    self.lease_once(&topic, partition, max, view).await
+                })
+                .await?;
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(got);
+            }
+            if counted.is_none() {
+                counted = Some(Waiting::new(&self.waiting));
+            }
+            let mut wake = deadline.min(watch.due().0);
+            if let Some(at) = lapse {
+                let in_ms = at.saturating_sub(self.clock.now_ms());
+                wake = wake.min(now + Duration::from_millis(in_ms));
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = changed => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// The topic, from this process's cache whatever its age when `view` shows the ETag
+    /// it was read with; gone when `view` shows no `topic.json`.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], and as [`Broker::topic`].
+    async fn topic_seen(&self, name: &str, view: Option<&View>) -> BrokerResult<Topic> {
+        if let Some(v) = view {
+            let Some(etag) = &v.topic_etag else {
+                self.topics.forget(name);
+                return Err(BrokerError::TopicNotFound);
+            };
+            if let Some(t) = self.topics.confirmed(name, etag) {
+                return Ok(t);
+            }
+        }
+        self.topic(name).await
+    }
+
+    /// Whether a waiting consume may skip `p` without a storage request, per `view`: the
+    /// broker time until which it may (`None`: it may not).
+    fn quiet(&self, topic: &Topic, p: u32, view: &View) -> Option<u64> {
+        let until = match (view.seen(p), self.committer.peek(topic, p)) {
+            (Seen::Missing, Peek::Unknown) => Some(u64::MAX),
+            (
+                Seen::Missing,
+                Peek::Known {
+                    etag: None,
+                    quiet_until,
+                },
+            ) => quiet_until,
+            (
+                Seen::Etag(listed),
+                Peek::Known {
+                    etag: Some(cached),
+                    quiet_until,
+                },
+            ) if listed == cached => quiet_until,
+            _ => None,
+        };
+        until.filter(|&t| t > self.clock.now_ms())
+    }
+
+    /// One pass over the partitions, leasing up to `max` messages; with a `view`,
+    /// partitions it shows quiet are skipped, and the earliest time one of them could
+    /// have a message again (a lease lapsing) is answered beside the deliveries.
     async fn lease_once(
         &self,
         topic: &Topic,
         partition: Option<u32>,
         max: usize,
-    ) -> BrokerResult<Vec<Delivery>> {
+        view: Option<&View>,
+    ) -> BrokerResult<(Vec<Delivery>, Option<u64>)> {
         let n = topic.settings.partitions;
         let order: Vec<u32> = match partition {
             Some(p) => {
@@ -105,9 +221,16 @@ impl Broker {
         };
         let mut out = Vec::new();
         let mut used = 0;
+        let mut lapse: Option<u64> = None;
         for p in order {
             if out.len() >= max || used >= MAX_CONSUME_RESPONSE_BYTES {
                 break;
+            }
+            if let Some(until) = view.and_then(|v| self.quiet(topic, p, v)) {
+                if until != u64::MAX {
+                    lapse = Some(lapse.map_or(until, |l| l.min(until)));
+                }
+                continue;
             }
             // Payload bytes by estimate: the rendered bound is about 1.5 times that.
             let room = (MAX_CONSUME_RESPONSE_BYTES - used) as u64 * 2 / 3;
@@ -135,7 +258,7 @@ impl Broker {
                 }
             }
         }
-        Ok(out)
+        Ok((out, lapse))
     }
 
     /// Reads the leased messages and signs their handles. A message retention removed

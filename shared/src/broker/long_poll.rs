@@ -4,7 +4,7 @@
 //! `max_wait`) runs out.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -36,28 +36,40 @@ impl Broker {
     {
         let deadline = Instant::now() + wait.min(self.opts.max_wait);
         let waker = self.committer.wakers().get(topic);
-        let mut counted = false;
-        let result = loop {
+        let mut counted = None;
+        loop {
             let notified = waker.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             match attempt().await {
                 Ok(None) => {}
-                other => break other,
+                other => return other,
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break Ok(None);
+                return Ok(None);
             }
-            if !counted && gauge == Gauge::Counted {
-                counted = true;
-                self.waiting.fetch_add(1, Ordering::Relaxed);
+            if counted.is_none() && gauge == Gauge::Counted {
+                counted = Some(Waiting::new(&self.waiting));
             }
             let _ = tokio::time::timeout(left.min(self.opts.poll_interval), notified).await;
-        };
-        if counted {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        result
+    }
+}
+
+/// One request counted in the `narad_long_poll_waiters` gauge while this lives.
+pub(super) struct Waiting<'a>(&'a AtomicI64);
+
+impl<'a> Waiting<'a> {
+    /// Counts one more waiter.
+    pub(super) fn new(gauge: &'a AtomicI64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -21,6 +21,7 @@ mod read;
 mod replay;
 mod settle;
 pub mod topics;
+mod watch;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,6 +59,7 @@ pub struct Broker {
     indexes: Arc<Cache<Index>>,
     views: replay::Views,
     topics: topics::TopicCache,
+    watches: watch::Watches,
     round_robin: AtomicU64,
     waiting: AtomicI64,
     dead_lettered: AtomicU64,
@@ -107,6 +109,7 @@ impl Broker {
             ids,
             receipts,
             topics: topics::TopicCache::new(opts.topic_cache),
+            watches: watch::Watches::new(opts.poll_interval, opts.idle_poll_max),
             opts,
             committer,
             segments,
@@ -196,6 +199,15 @@ impl Broker {
         Fut: std::future::Future<Output = BrokerResult<T>>,
     {
         let topic = self.topic(name).await?;
+        self.with_loaded_topic(name, topic, f).await
+    }
+
+    /// [`Broker::with_topic`] from a topic already loaded.
+    async fn with_loaded_topic<T, F, Fut>(&self, name: &str, topic: Topic, f: F) -> BrokerResult<T>
+    where
+        F: Fn(Topic) -> Fut,
+        Fut: std::future::Future<Output = BrokerResult<T>>,
+    {
         match f(topic).await {
             Err(BrokerError::StaleTopic) => {
                 self.topics.forget(name);

@@ -77,6 +77,17 @@ impl TopicCache {
         })
     }
 
+    /// The cached topic whatever its age, if it was read with ETag `etag` (a listing
+    /// just showed that ETag: the settings are current).
+    pub(super) fn confirmed(&self, name: &str, etag: &str) -> Option<Topic> {
+        let map = self.lock();
+        let (_, t) = map.get(name)?;
+        (t.etag == etag).then(|| Topic {
+            from_cache: true,
+            ..t.clone()
+        })
+    }
+
     fn put(&self, topic: &Topic) {
         self.lock()
             .insert(topic.name.clone(), (Instant::now(), topic.clone()));

@@ -39,6 +39,7 @@ use crate::partition::batch::SettleOp;
 use crate::partition::compact::Swap;
 use crate::partition::dedup::Chunk;
 use crate::partition::index::Index;
+use crate::partition::lease;
 use crate::partition::produce::NewStored;
 use crate::partition::{Layout, Leased, Manifest, Rules, Settle};
 use crate::segment::SegmentCache;
@@ -86,6 +87,22 @@ impl Caches {
             chunks: Arc::new(Cache::new(bytes / 4)),
         }
     }
+}
+
+/// A partition as [`Committer::peek`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peek {
+    /// No snapshot here.
+    Unknown,
+    /// Operations queued or committing.
+    Busy,
+    /// The cached snapshot.
+    Known {
+        /// Its ETag (`None`: the manifest did not exist).
+        etag: Option<String>,
+        /// See [`lease::quiet_until`].
+        quiet_until: Option<u64>,
+    },
 }
 
 /// One queued operation with the channel its caller waits on.
@@ -284,6 +301,32 @@ impl Committer {
         let (tx, rx) = oneshot::channel();
         self.enqueue(topic, partition, Op::Compact(swaps, tx));
         answer(rx).await
+    }
+
+    /// What this process knows of a partition without asking the store, for the idle
+    /// watch (`broker/watch.rs`): [`Peek::Unknown`] when it holds no snapshot (never
+    /// committed or read here), [`Peek::Busy`] while operations are queued or a batch is
+    /// running, else the cached snapshot's ETag and [`lease::quiet_until`] on it.
+    pub fn peek(&self, topic: &Topic, partition: u32) -> Peek {
+        let key = (topic.name.clone(), topic.incarnation.clone(), partition);
+        let Some(queue) = lock(&self.queues).get(&key).cloned() else {
+            return Peek::Unknown;
+        };
+        let st = lock(&queue.state);
+        if st.running || !st.pending.is_empty() {
+            return Peek::Busy;
+        }
+        match &st.cache {
+            None => Peek::Unknown,
+            Some(snap) => Peek::Known {
+                etag: snap.etag.clone(),
+                quiet_until: lease::quiet_until(
+                    &snap.value,
+                    self.clock.now_ms(),
+                    &Rules::from(&topic.settings),
+                ),
+            },
+        }
     }
 
     /// Queues `op` and makes sure a task is draining the queue.

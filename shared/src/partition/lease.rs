@@ -121,6 +121,23 @@ pub fn lease(
     out
 }
 
+/// When a lease request on `m` could next get anything, if the manifest does not change
+/// meanwhile: `None` when it could now; else `Some(t)`, the earliest deadline of a live
+/// lease (`u64::MAX` when none is live), before which nothing can be granted. An idle
+/// waiter skips the partition until then (`broker/watch.rs`).
+pub fn quiet_until(m: &Manifest, now: u64, rules: &Rules) -> Option<u64> {
+    if Cursor::new(m, now).pick(m, now, rules).is_some() {
+        return None;
+    }
+    let next_lapse = m
+        .leases
+        .values()
+        .map(|l| l.deadline_ms)
+        .filter(|&d| d > now)
+        .min();
+    Some(next_lapse.unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +221,33 @@ mod tests {
         assert_eq!((got.dead[0].offset, got.dead[0].lease_id), (0, 4));
         assert_eq!(m.leases[&0].deadline_ms, 100 + DEAD_LETTER_PARK_MS);
         assert_eq!(m.leases[&0].delivery_count, 3, "parking is not a delivery");
+    }
+
+    #[test]
+    fn quiet_until_the_first_lease_lapses_and_not_while_anything_is_available() {
+        let mut m = manifest_with(2);
+        assert_eq!(
+            quiet_until(&m, 10, &rules()),
+            None,
+            "two available messages"
+        );
+        leased(&mut m, &[0], 3, 1000);
+        leased(&mut m, &[1], 3, 700);
+        assert_eq!(quiet_until(&m, 10, &rules()), Some(700));
+        assert_eq!(quiet_until(&m, 700, &rules()), None, "offset 1 lapsed");
+        let empty = manifest_with(0);
+        assert_eq!(quiet_until(&empty, 10, &rules()), Some(u64::MAX));
+        let mut full = manifest_with(3);
+        leased(&mut full, &[0], 3, 500);
+        let r = Rules {
+            max_in_flight: 1,
+            ..rules()
+        };
+        assert_eq!(
+            quiet_until(&full, 10, &r),
+            Some(500),
+            "flow control holds the rest"
+        );
     }
 
     #[test]
