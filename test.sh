@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every Narad test on a fresh machine: formatting and lints, unit tests and the store
 # conformance suite, the HTTP integration suite on the embedded file store, then LocalStack
-# (installed and started by localstack/start.sh) and the whole suite again on S3, then the
-# narad-api Lambda function under cargo lambda watch on S3, and cfn-lint on the SAM template.
+# (installed and started by localstack/start.sh) and the whole suite again on S3, schemathesis
+# against narad serve (tests/schemathesis.sh), the web console in headless Chromium
+# (tests/console.sh), then the narad-api Lambda function under cargo lambda watch on S3, and
+# cfn-lint on the SAM template.
 #
 # Every step runs even when an earlier one failed, so every suite reports. Each step prints
 # how long it usually takes (on 2 cores, warm; see the README for cold times) and how long it
@@ -61,6 +63,10 @@ file_suite() { NARAD_TEST_S3="s3://narad-test/$run_id/conformance" tests; }
 s3_suite() { NARAD_TEST_STORE="s3://narad-test/$run_id/http" tests; }
 step "unit tests, store conformance (file, memory, S3), HTTP suite on the file store" "1 min" file_suite
 step "the same tests with the HTTP suite on S3 (LocalStack)" "70 s" s3_suite
+# The OpenAPI document validated, and schemathesis against `narad serve` (tests/schemathesis.sh).
+step "API fuzzing (schemathesis against narad serve)" "1 min; 1 min more the first time" tests/schemathesis.sh
+# The web console in headless Chromium (tests/console.sh; installs chromium with apt if missing).
+step "web console (Selenium, headless Chromium)" "15 s; 2 min more the first time" tests/console.sh
 
 # The narad-api function, built by cargo-lambda and run by its Lambda runtime emulator
 # (up to 8 instances, each a separate process sharing the bucket prefix), gets the whole

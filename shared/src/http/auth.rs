@@ -162,14 +162,18 @@ pub(super) async fn require_auth(
     next: Next,
 ) -> Response {
     let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
-    if let Some(wait) = addr.and_then(|a| state.throttle.blocked(a)) {
-        return too_many(wait);
-    }
     let creds = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(basic_credentials);
+    // A blocked address gets no verdict on any password; a request without credentials
+    // guesses nothing, so it gets its plain 401.
+    if creds.is_some() {
+        if let Some(wait) = addr.and_then(|a| state.throttle.blocked(a)) {
+            return too_many(wait);
+        }
+    }
     let user = match &creds {
         Some((u, p)) => state.users.authenticate(u, p).await,
         None => None,

@@ -2,7 +2,8 @@
 //! Lambda function alike.
 //!
 //! Every route under `/v1` and `/metrics` needs HTTP Basic auth ([`auth`]); `/health`
-//! does not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
+//! `/openapi.json` (the contract, [`OPENAPI`], listed route by route in [`ROUTES`]) and
+//! the web console's files under `/console` do not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
 //! limits in [`limits`], the request-body budget and deadline in [`admission`], response
 //! shapes in [`views`], and [`error`] the one place where broker errors become statuses
 //! and JSON error codes. Handlers parse, call one broker operation, and render: they hold
@@ -35,6 +36,29 @@ use crate::broker::Broker;
 use crate::config::HttpOptions;
 
 pub use auth::{basic_credentials, ClientAddr};
+
+pub use handlers::ops::OPENAPI;
+
+/// Every route [`router`] serves, as (method, path), in the OpenAPI document's path syntax.
+/// `tests/tests/openapi.rs` checks that the router answers each of them and 405 to every
+/// other method on those paths, and that the OpenAPI document names exactly these.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/health"),
+    ("GET", "/openapi.json"),
+    ("GET", "/console"),
+    ("GET", "/console/app.js"),
+    ("GET", "/console/style.css"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/topics"),
+    ("PUT", "/v1/topics/{topic}"),
+    ("GET", "/v1/topics/{topic}"),
+    ("PATCH", "/v1/topics/{topic}"),
+    ("DELETE", "/v1/topics/{topic}"),
+    ("POST", "/v1/topics/{topic}/produce"),
+    ("POST", "/v1/topics/{topic}/produce-batch"),
+    ("GET", "/v1/topics/{topic}/consume"),
+    ("POST", "/v1/topics/{topic}/ack"),
+];
 
 #[derive(Clone)]
 struct AppState {
@@ -87,6 +111,10 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
         ));
     Router::new()
         .route("/health", get(handlers::ops::health))
+        .route("/openapi.json", get(handlers::ops::openapi))
+        .route("/console", get(handlers::ops::console))
+        .route("/console/app.js", get(handlers::ops::console))
+        .route("/console/style.css", get(handlers::ops::console))
         .merge(v1)
         .fallback(handlers::ops::not_found)
         .method_not_allowed_fallback(handlers::ops::method_not_allowed)

@@ -12,6 +12,56 @@ pub(in crate::http) async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
+/// The OpenAPI 3.1 document of this API (`http/openapi.json`; `tests/tests/openapi.rs`
+/// checks it against [`crate::http::ROUTES`] and the router).
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// `GET /openapi.json`: the API's OpenAPI document (no auth).
+pub(in crate::http) async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// The web console's files (`http/console/`), embedded: (path, content type, body).
+const CONSOLE: [(&str, &str, &str); 3] = [
+    (
+        "/console",
+        "text/html; charset=utf-8",
+        include_str!("../console/index.html"),
+    ),
+    (
+        "/console/app.js",
+        "application/javascript; charset=utf-8",
+        include_str!("../console/app.js"),
+    ),
+    (
+        "/console/style.css",
+        "text/css; charset=utf-8",
+        include_str!("../console/style.css"),
+    ),
+];
+
+/// `GET /console`, `/console/app.js`, `/console/style.css`: the web console (no auth: it
+/// asks for credentials and calls the public API with them). Nothing inline, so a strict
+/// content security policy holds.
+pub(in crate::http) async fn console(uri: axum::http::Uri) -> Response {
+    let Some((_, kind, body)) = CONSOLE.iter().find(|(p, _, _)| *p == uri.path()) else {
+        return not_found().await.into_response();
+    };
+    (
+        [
+            (header::CONTENT_TYPE, *kind),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        *body,
+    )
+        .into_response()
+}
+
 /// `GET /metrics`: Prometheus text format (auth like `/v1`; no topic names or payloads).
 pub(in crate::http) async fn metrics(State(s): State<AppState>) -> Response {
     (

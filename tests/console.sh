@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The web console in a real headless browser: installs Debian's chromium and chromedriver
+# (apt, when missing) and Selenium (tests/console/requirements.txt, into .tools/console-venv),
+# starts `narad serve` on a fresh file store, and runs tests/console/console_test.py: sign in,
+# see a topic with its backlog, open a message. Screenshots are kept in
+# target/console-screenshots (topics.png, message.png; failure.png when it fails).
+# Usage: tests/console.sh   (NARAD_BIN to test another build)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source tests/lib.sh
+VENV=.tools/console-venv
+REQS=tests/console/requirements.txt
+bin="${NARAD_BIN:-target/debug/narad}"
+shots="$PWD/target/console-screenshots"
+
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    echo "[console] installing chromium and chromium-driver with apt"
+    sudo_=()
+    [[ "$(id -u)" -eq 0 ]] || sudo_=(sudo)
+    "${sudo_[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null ||
+        { "${sudo_[@]}" apt-get update -q >/dev/null &&
+            "${sudo_[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; }
+fi
+venv_install "$VENV" "$REQS"
+
+serve_fresh "$bin" console:console-secret
+rm -rf "$shots"
+NARAD_URL="$base" NARAD_USER=console NARAD_PASS=console-secret \
+    NARAD_SCREENSHOTS="$shots" "$VENV/bin/python" tests/console/console_test.py
+echo "[console] screenshots: $(ls "$shots" | paste -sd' ')  (in $shots)"
