@@ -4,8 +4,10 @@
 //! runs every route of the HTTP API on one store. Flags override `NARAD_LISTEN`,
 //! `NARAD_STORE` and `NARAD_USERS_FILE`; every other setting comes from the environment
 //! (see `narad_shared::config`). `narad hash-password` makes a users file's password hash.
+//! `narad topics|produce|consume|replay` are clients of a running server ([`remote`]).
 
 mod bench;
+mod remote;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -68,6 +70,20 @@ enum Command {
     },
     /// Benchmark a server on a store: throughput, latency, storage requests per message.
     Bench(bench::BenchArgs),
+    /// Topics on a server (NARAD_URL, NARAD_AUTH): list, get, create, patch, delete.
+    Topics {
+        #[command(subcommand)]
+        cmd: remote::TopicsCmd,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
+    /// Send a message to a topic (stdin when none is given; --lines: each line, batched).
+    Produce(remote::ProduceArgs),
+    /// Lease messages: print them as JSON lines and ack them, or run a command per
+    /// message (--exec: exit 0 acks, else nacks; the lease is extended while it runs).
+    Consume(remote::ConsumeArgs),
+    /// Read a partition's messages by offset, read-only, as JSON lines.
+    Replay(remote::ReplayArgs),
 }
 
 #[tokio::main]
@@ -96,6 +112,10 @@ async fn main() -> ExitCode {
             dry_run,
         } => gc(store, &grace, dry_run).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Topics { cmd, conn } => remote::topics(cmd, conn).await,
+        Command::Produce(args) => remote::produce(args).await,
+        Command::Consume(args) => remote::consume(args).await,
+        Command::Replay(args) => remote::replay(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! The README's walkthrough works when pasted: every fenced `sh` block of README.md, in
 //! order, runs in one bash (`set -euo pipefail`) against a fresh `narad serve`, with only
-//! the address and the credentials of its `export` line replaced. A block whose curl gets
+//! the address and the credentials of its `export` line replaced, and the `narad` binary
+//! on the `PATH` for the client examples. A block whose curl gets
 //! an unexpected status (`curl -f`) or whose check fails fails this test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -48,8 +49,18 @@ async fn every_sh_block_of_the_readme_runs_in_order_against_a_fresh_server() {
     let work = tempfile::tempdir().unwrap();
     let path = work.path().join("readme.sh");
     std::fs::write(&path, format!("set -euo pipefail\nset -x\n{script}\n")).unwrap();
+    // The client examples call `narad` as an installed binary would be.
+    let bin_dir = narad_tests::narad_binary().parent().unwrap().to_owned();
+    let path_var = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let out = tokio::process::Command::new("bash")
         .arg(&path)
+        .env("PATH", path_var)
+        .env_remove("NARAD_URL")
+        .env_remove("NARAD_AUTH")
         .current_dir(work.path())
         .output()
         .await

@@ -1,0 +1,577 @@
+//! The client subcommands: `narad topics|produce|consume|replay`, on [`narad_client`],
+//! against the server at `--url` / `NARAD_URL` with `--auth` / `NARAD_AUTH`.
+//!
+//! `narad consume TOPIC --exec CMD` is the consumer loop of the consumer documentation for
+//! any program: each message's payload goes to the command's stdin, its coordinates to the
+//! environment (`NARAD_TOPIC`, `NARAD_PARTITION`, `NARAD_OFFSET`, `NARAD_DELIVERY_COUNT`,
+//! `NARAD_KEY`); the lease is extended every third of the visibility timeout while the
+//! command runs; exit 0 acks, anything else nacks. A 410 on a heartbeat means the lease
+//! lapsed: the command is stopped and the message left to whoever has it now. SIGINT or
+//! SIGTERM stops taking messages; running commands finish and are settled first.
+//! docs/decisions.md ("The command-line client") records the choices.
+
+use std::io::{IsTerminal, Read, Write};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use narad_client::{BatchMessage, Client, ConsumeOptions, Message, ProduceOptions};
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+/// Where the server is.
+#[derive(Args, Clone)]
+pub struct Conn {
+    /// The server's base URL.
+    #[arg(
+        long,
+        env = "NARAD_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    url: String,
+    /// `user:password` (the first pair, if a list).
+    #[arg(long, env = "NARAD_AUTH", hide_env_values = true, global = true)]
+    auth: Option<String>,
+}
+
+impl Conn {
+    fn client(&self) -> Result<Client, String> {
+        let auth = match &self.auth {
+            Some(a) => {
+                let first = a.split(',').next().unwrap_or_default();
+                let (u, p) = first
+                    .split_once(':')
+                    .ok_or("--auth / NARAD_AUTH must be user:password")?;
+                Some((u.to_owned(), p.to_owned()))
+            }
+            None => None,
+        };
+        Client::new(
+            &self.url,
+            auth.as_ref().map(|(u, p)| (u.as_str(), p.as_str())),
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// `narad topics ...`
+#[derive(Subcommand)]
+pub enum TopicsCmd {
+    /// Every topic, one JSON line each.
+    List,
+    /// A topic's settings and per-partition state.
+    Get {
+        /// Topic.
+        topic: String,
+    },
+    /// Create a topic; SETTINGS is a JSON object (e.g. '{"partitions":4}').
+    Create {
+        /// Topic.
+        topic: String,
+        /// Settings, every field optional.
+        settings: Option<String>,
+    },
+    /// Change the settings that can change; SETTINGS is a JSON object.
+    Patch {
+        /// Topic.
+        topic: String,
+        /// Settings to change.
+        settings: String,
+    },
+    /// Delete a topic and every message in it.
+    Delete {
+        /// Topic.
+        topic: String,
+    },
+}
+
+/// `narad produce ...`
+#[derive(Args)]
+pub struct ProduceArgs {
+    /// Topic.
+    topic: String,
+    /// The message; read from stdin when absent.
+    message: Option<String>,
+    /// Key (routes by hash; comes back on consume).
+    #[arg(long)]
+    key: Option<String>,
+    /// Partition.
+    #[arg(long)]
+    partition: Option<u32>,
+    /// Idempotency key: a retry within the dedup window appends nothing (and lets the
+    /// client retry a 503 safely).
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Send each line of stdin as a message, in batches (empty lines are skipped).
+    #[arg(long, conflicts_with_all = ["message", "idempotency_key"])]
+    lines: bool,
+    /// Messages per batch with --lines (1–1000).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    batch: u32,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// `narad consume ...`
+#[derive(Args)]
+pub struct ConsumeArgs {
+    /// Topic.
+    topic: String,
+    /// Stop after this many messages, waiting for them as long as it takes (default: stop
+    /// at the first wait that brings nothing; with --exec, run until SIGINT or SIGTERM).
+    #[arg(long)]
+    count: Option<u64>,
+    /// How long each request long-polls: 0, 500ms, 10s, 1m.
+    #[arg(long, default_value = "10s")]
+    wait: String,
+    /// Messages per request (1–100; --exec takes one per command).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    max: u32,
+    /// Only this partition.
+    #[arg(long)]
+    partition: Option<u32>,
+    /// Print without acking (the leases then lapse after the visibility timeout).
+    #[arg(long, conflicts_with = "exec")]
+    no_ack: bool,
+    /// Run this shell command per message: payload on stdin, exit 0 acks, else nacks.
+    #[arg(long)]
+    exec: Option<String>,
+    /// Commands running at once with --exec.
+    #[arg(long, default_value_t = 1, requires = "exec")]
+    concurrency: u32,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// `narad replay ...`
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// Topic.
+    topic: String,
+    /// Partition.
+    #[arg(long)]
+    partition: u32,
+    /// First offset.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Keep waiting for new messages instead of stopping at the end.
+    #[arg(long)]
+    follow: bool,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
+    let line = serde_json::to_string(v).map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("stdout: {e}"))
+}
+
+fn parse_json(text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("settings must be a JSON object: {e}"))
+}
+
+/// `narad topics ...`
+pub async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
+    let c = conn.client()?;
+    let e = |e: narad_client::Error| e.to_string();
+    match cmd {
+        TopicsCmd::List => {
+            for t in c.all_topics().await.map_err(e)? {
+                print_json(&t)?;
+            }
+        }
+        TopicsCmd::Get { topic } => print_json(&c.get_topic(&topic).await.map_err(e)?)?,
+        TopicsCmd::Create { topic, settings } => {
+            let s = parse_json(settings.as_deref().unwrap_or("{}"))?;
+            let (created, t) = c.create_topic(&topic, &s).await.map_err(e)?;
+            if !created {
+                eprintln!("narad: {topic} already existed with these settings");
+            }
+            print_json(&t)?;
+        }
+        TopicsCmd::Patch { topic, settings } => print_json(
+            &c.patch_topic(&topic, &parse_json(&settings)?)
+                .await
+                .map_err(e)?,
+        )?,
+        TopicsCmd::Delete { topic } => c.delete_topic(&topic).await.map_err(e)?,
+    }
+    Ok(())
+}
+
+/// `narad produce ...`
+pub async fn produce(a: ProduceArgs) -> Result<(), String> {
+    let c = a.conn.client()?;
+    if a.lines {
+        return produce_lines(&c, &a).await;
+    }
+    let payload = match a.message {
+        Some(m) => m.into_bytes(),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("stdin: {e}"))?;
+            buf
+        }
+    };
+    let opts = ProduceOptions {
+        key: a.key,
+        partition: a.partition,
+        idempotency_key: a.idempotency_key,
+    };
+    let p = c
+        .produce(&a.topic, payload, &opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    print_json(&serde_json::json!({"partition": p.partition, "offset": p.offset}))
+}
+
+/// Sends stdin's lines in batches; a progress line on a terminal.
+async fn produce_lines(c: &Client, a: &ProduceArgs) -> Result<(), String> {
+    let progress = std::io::stderr().is_terminal();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4096);
+    // Reading stdin blocks: a thread feeds the batches.
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        let mut lock = stdin.lock();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match std::io::BufRead::read_until(&mut lock, b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                        line.pop();
+                    }
+                    if !line.is_empty() && tx.blocking_send(line.clone()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let (mut sent, mut failed) = (0u64, 0u64);
+    let mut batch: Vec<BatchMessage> = Vec::new();
+    let mut bytes = 0usize;
+    loop {
+        let next = rx.recv().await;
+        if let Some(line) = &next {
+            let mut m = BatchMessage::from_bytes(line).map_err(|e| e.to_string())?;
+            m.key = a.key.clone();
+            m.partition = a.partition;
+            bytes += line.len() * 4 / 3 + 64;
+            batch.push(m);
+        }
+        // The server takes 1000 messages and 10 MiB per batch; stay well inside.
+        let full = batch.len() >= a.batch as usize || bytes >= 6 << 20;
+        if !batch.is_empty() && (full || next.is_none()) {
+            let results = c
+                .produce_batch(&a.topic, &batch)
+                .await
+                .map_err(|e| format!("after {sent} messages: {e}"))?;
+            for r in results {
+                if r.status == 201 {
+                    sent += 1;
+                } else {
+                    failed += 1;
+                    eprintln!("narad: a message failed: {}", r.error.unwrap_or_default());
+                }
+            }
+            batch.clear();
+            bytes = 0;
+            if progress {
+                eprint!("\rnarad: {sent} messages sent");
+            }
+        }
+        if next.is_none() {
+            break;
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    print_json(&serde_json::json!({"sent": sent, "failed": failed}))?;
+    if failed > 0 {
+        return Err(format!("{failed} messages failed"));
+    }
+    Ok(())
+}
+
+/// `narad consume ...`
+pub async fn consume(a: ConsumeArgs) -> Result<(), String> {
+    let c = a.conn.client()?;
+    let wait = narad_shared::http::parse_wait(&a.wait).map_err(|e| e.message)?;
+    match &a.exec {
+        Some(cmd) => exec_workers(&c, &a, cmd, wait).await,
+        None => print_messages(&c, &a, wait).await,
+    }
+}
+
+/// Prints leased messages as JSON lines, acking each once printed (unless --no-ack).
+async fn print_messages(c: &Client, a: &ConsumeArgs, wait: Duration) -> Result<(), String> {
+    let mut seen = 0u64;
+    loop {
+        let left = a.count.map_or(u64::from(a.max), |n| n - seen);
+        if left == 0 {
+            return Ok(());
+        }
+        let opts = ConsumeOptions {
+            wait: Some(wait),
+            partition: a.partition,
+            max: Some(left.min(u64::from(a.max)) as u32),
+        };
+        let got = c
+            .consume(&a.topic, &opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        if got.is_empty() && a.count.is_none() {
+            return Ok(());
+        }
+        for m in got {
+            print_json(&m)?;
+            seen += 1;
+            if !a.no_ack {
+                settle_logged(c, &a.topic, &m, narad_client::Settle::Ack).await;
+            }
+        }
+    }
+}
+
+/// Acks or nacks `m`, telling stderr (not failing) when the lease was gone.
+async fn settle_logged(c: &Client, topic: &str, m: &Message, action: narad_client::Settle) {
+    let Some(handle) = &m.receipt_handle else {
+        return;
+    };
+    if let Err(e) = c.settle(topic, handle, action).await {
+        let what = if e.is_gone() {
+            "the lease was gone (it may be processed again)".to_owned()
+        } else {
+            e.to_string()
+        };
+        eprintln!(
+            "narad: {action:?} of partition {} offset {}: {what}",
+            m.partition, m.offset
+        );
+    }
+}
+
+/// Shared state of the --exec workers.
+struct Workers {
+    stop: AtomicBool,
+    /// Messages taken so far (against --count).
+    taken: AtomicU64,
+    stopped: tokio::sync::Notify,
+}
+
+async fn exec_workers(
+    c: &Client,
+    a: &ConsumeArgs,
+    cmd: &str,
+    wait: Duration,
+) -> Result<(), String> {
+    let topic = c.get_topic(&a.topic).await.map_err(|e| e.to_string())?;
+    let timeout = topic
+        .visibility_timeout()
+        .unwrap_or(Duration::from_secs(30));
+    let heartbeat = (timeout / 3).max(Duration::from_millis(100));
+    let shared = Arc::new(Workers {
+        stop: AtomicBool::new(false),
+        taken: AtomicU64::new(0),
+        stopped: tokio::sync::Notify::new(),
+    });
+    {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            eprintln!("narad: stopping: no new messages; letting running commands finish");
+            shared.stop.store(true, Ordering::SeqCst);
+            shared.stopped.notify_waiters();
+        });
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..a.concurrency.max(1) {
+        let (c, shared, cmd) = (c.clone(), shared.clone(), cmd.to_owned());
+        let (topic, partition, count) = (a.topic.clone(), a.partition, a.count);
+        tasks.push(tokio::spawn(async move {
+            let job = Job {
+                client: &c,
+                topic: &topic,
+                cmd: &cmd,
+                heartbeat,
+            };
+            while !shared.stop.load(Ordering::SeqCst) {
+                // A slot against --count before asking, given back if nothing came.
+                let slot = shared.taken.fetch_add(1, Ordering::SeqCst);
+                if count.is_some_and(|n| slot >= n) {
+                    shared.taken.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
+                let opts = ConsumeOptions {
+                    wait: Some(wait),
+                    partition,
+                    max: None,
+                };
+                let got = match c.consume(&topic, &opts).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        shared.taken.fetch_sub(1, Ordering::SeqCst);
+                        eprintln!("narad: consume: {e}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                let Some(m) = got.into_iter().next() else {
+                    shared.taken.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                };
+                if shared.stop.load(Ordering::SeqCst) {
+                    // Asked to stop while this was on its way: give it back at once.
+                    settle_logged(&c, &topic, &m, narad_client::Settle::Nack).await;
+                    break;
+                }
+                job.run(&m).await;
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+/// One --exec command run.
+struct Job<'a> {
+    client: &'a Client,
+    topic: &'a str,
+    cmd: &'a str,
+    heartbeat: Duration,
+}
+
+impl Job<'_> {
+    /// Runs the command on `m`, heartbeating the lease, then acks or nacks.
+    async fn run(&self, m: &Message) {
+        let where_ = format!("partition {} offset {}", m.partition, m.offset);
+        let payload = match m.payload_bytes() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("narad: {where_}: {e}; giving it back");
+                settle_logged(self.client, self.topic, m, narad_client::Settle::Nack).await;
+                return;
+            }
+        };
+        let mut command = tokio::process::Command::new("sh");
+        command
+            .arg("-c")
+            .arg(self.cmd)
+            .stdin(Stdio::piped())
+            .env("NARAD_TOPIC", &m.topic)
+            .env("NARAD_PARTITION", m.partition.to_string())
+            .env("NARAD_OFFSET", m.offset.to_string())
+            .env("NARAD_DELIVERY_COUNT", m.delivery_count.to_string())
+            .kill_on_drop(true);
+        match &m.key {
+            Some(k) => command.env("NARAD_KEY", k),
+            None => command.env_remove("NARAD_KEY"),
+        };
+        let mut child = match command.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("narad: {where_}: cannot run the command: {e}; giving it back");
+                settle_logged(self.client, self.topic, m, narad_client::Settle::Nack).await;
+                return;
+            }
+        };
+        if let Some(mut stdin) = child.stdin.take() {
+            // A command that does not read its stdin is fine: the write just fails.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&payload).await;
+            });
+        }
+        let Some(handle) = &m.receipt_handle else {
+            return;
+        };
+        let mut beat = tokio::time::interval(self.heartbeat);
+        beat.tick().await;
+        let status = loop {
+            tokio::select! {
+                s = child.wait() => break s,
+                _ = beat.tick() => {
+                    match self.client.extend(self.topic, handle).await {
+                        Ok(()) => {}
+                        Err(e) if e.is_gone() => {
+                            eprintln!("narad: {where_}: the lease lapsed; stopping the command (the message is someone else's now)");
+                            let _ = child.kill().await;
+                            return;
+                        }
+                        Err(e) => eprintln!("narad: {where_}: heartbeat: {e}"),
+                    }
+                }
+            }
+        };
+        let action = match status {
+            Ok(s) if s.success() => narad_client::Settle::Ack,
+            Ok(s) => {
+                eprintln!("narad: {where_}: the command failed ({s}); giving the message back");
+                narad_client::Settle::Nack
+            }
+            Err(e) => {
+                eprintln!("narad: {where_}: waiting for the command: {e}; giving it back");
+                narad_client::Settle::Nack
+            }
+        };
+        settle_logged(self.client, self.topic, m, action).await;
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+/// `narad replay ...`
+pub async fn replay(a: ReplayArgs) -> Result<(), String> {
+    let c = a.conn.client()?;
+    let mut offset = a.from;
+    let wait = a.follow.then_some(Duration::from_secs(10));
+    loop {
+        match c.replay(&a.topic, a.partition, offset, wait).await {
+            Ok(Some(m)) => {
+                print_json(&m)?;
+                offset = m.offset + 1;
+            }
+            Ok(None) if a.follow => {}
+            Ok(None) => return Ok(()),
+            Err(e) if e.is_gone() => {
+                // Retention removed it: go on from the oldest retained offset.
+                let t = c.get_topic(&a.topic).await.map_err(|e| e.to_string())?;
+                let start = t
+                    .partition_field(a.partition, "start_offset")
+                    .unwrap_or(offset);
+                eprintln!("narad: offsets {offset}..{start} expired; going on from {start}");
+                if start <= offset {
+                    return Err(format!("offset {offset} expired and nothing follows it"));
+                }
+                offset = start;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}

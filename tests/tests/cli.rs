@@ -1,0 +1,278 @@
+//! The client subcommands of `narad` against a real `narad serve` (system clock, the test
+//! store): topics, produce (one and `--lines`), consume (print and `--exec`), replay. The
+//! `--exec` worker loop: payloads reach the command, exit 0 acks, exit 1 gives the message
+//! back, a command slower than the visibility timeout keeps its lease by heartbeats, and
+//! SIGTERM lets a running command finish and be acked.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use narad_tests::{free_port, narad_binary, Process, PASS, USER};
+use serde_json::Value;
+
+/// Runs `narad ARGS` against `base` in `dir`; returns (success, stdout).
+async fn narad(base: &str, dir: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    let mut cmd = tokio::process::Command::new(narad_binary());
+    cmd.args(args)
+        .current_dir(dir)
+        .env("NARAD_URL", base)
+        .env("NARAD_AUTH", format!("{USER}:{PASS}"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    if let Some(text) = stdin {
+        use tokio::io::AsyncWriteExt;
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(text.as_bytes()).await.unwrap();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("narad did not finish within 60 s")
+        .unwrap();
+    (out.status.success(), String::from_utf8(out.stdout).unwrap())
+}
+
+/// Starts `narad ARGS` against `base` in `dir`, in the background.
+fn spawn(base: &str, dir: &Path, args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(narad_binary())
+        .args(args)
+        .current_dir(dir)
+        .env("NARAD_URL", base)
+        .env("NARAD_AUTH", format!("{USER}:{PASS}"))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Sums a per-partition field of `narad topics get`.
+async fn total(base: &str, dir: &Path, topic: &str, field: &str) -> u64 {
+    let (ok, out) = narad(base, dir, &["topics", "get", topic], None).await;
+    assert!(ok, "topics get {topic}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[field].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_client_produces_consumes_and_runs_workers() {
+    if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+        return;
+    }
+    let (url, _dir) = narad_tests::test_store_url();
+    let server = Process::start(&url, free_port(), &[]).await;
+    let base = server.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+
+    // Topics.
+    let (ok, _) = narad(
+        &base,
+        dir,
+        &[
+            "topics",
+            "create",
+            "jobs",
+            r#"{"partitions":2,"visibility_timeout_ms":1500}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(ok);
+    let (ok, out) = narad(&base, dir, &["topics", "list"], None).await;
+    assert!(ok && out.contains("\"jobs\""), "{out}");
+
+    // Five messages, then a worker that appends each payload to a file.
+    for i in 0..5 {
+        let (ok, out) = narad(&base, dir, &["produce", "jobs", &format!("job-{i}")], None).await;
+        assert!(ok && out.contains("\"offset\""), "{out}");
+    }
+    let (ok, _) = narad(
+        &base,
+        dir,
+        &[
+            "consume",
+            "jobs",
+            "--exec",
+            "cat >> out.txt; echo >> out.txt",
+            "--count",
+            "5",
+            "--wait",
+            "1s",
+        ],
+        None,
+    )
+    .await;
+    assert!(ok);
+    let text = std::fs::read_to_string(dir.join("out.txt")).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["job-0", "job-1", "job-2", "job-3", "job-4"]);
+    assert_eq!(total(&base, dir, "jobs", "available").await, 0);
+    assert_eq!(total(&base, dir, "jobs", "in_flight").await, 0);
+
+    // A failing command gives its message back at once.
+    narad(&base, dir, &["produce", "jobs", "fail-me"], None).await;
+    let (ok, _) = narad(
+        &base,
+        dir,
+        &[
+            "consume", "jobs", "--exec", "exit 1", "--count", "1", "--wait", "1s",
+        ],
+        None,
+    )
+    .await;
+    assert!(ok);
+    assert_eq!(total(&base, dir, "jobs", "available").await, 1);
+    assert_eq!(total(&base, dir, "jobs", "in_flight").await, 0);
+    let (ok, out) = narad(
+        &base,
+        dir,
+        &["consume", "jobs", "--count", "1", "--wait", "1s"],
+        None,
+    )
+    .await;
+    assert!(ok && out.contains("fail-me"), "{out}");
+    let delivered: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        delivered["delivery_count"], 2,
+        "the nack counted a delivery"
+    );
+
+    // A command that runs 4 s, past the 1.5 s visibility timeout, keeps its lease.
+    narad(&base, dir, &["produce", "jobs", "slow"], None).await;
+    let mut slow = spawn(
+        &base,
+        dir,
+        &[
+            "consume",
+            "jobs",
+            "--exec",
+            "sleep 4; cat > slow.txt",
+            "--count",
+            "1",
+            "--wait",
+            "1s",
+        ],
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let (ok, out) = narad(
+            &base,
+            dir,
+            &["consume", "jobs", "--max", "1", "--wait", "0", "--no-ack"],
+            None,
+        )
+        .await;
+        assert!(ok);
+        assert!(
+            out.trim().is_empty(),
+            "redelivered while its command still ran: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(slow.wait().await.unwrap().success());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("slow.txt")).unwrap(),
+        "slow"
+    );
+    assert_eq!(total(&base, dir, "jobs", "in_flight").await, 0);
+    assert_eq!(total(&base, dir, "jobs", "available").await, 0);
+
+    // SIGTERM: the running command finishes and its message is acked.
+    narad(&base, dir, &["produce", "jobs", "last"], None).await;
+    let mut worker = spawn(
+        &base,
+        dir,
+        &[
+            "consume",
+            "jobs",
+            "--exec",
+            "sleep 1; cat > last.txt",
+            "--wait",
+            "1s",
+        ],
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let pid = worker.id().unwrap();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let status = tokio::time::timeout(Duration::from_secs(10), worker.wait())
+        .await
+        .expect("the worker did not stop after SIGTERM")
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("last.txt")).unwrap(),
+        "last"
+    );
+    assert_eq!(total(&base, dir, "jobs", "in_flight").await, 0);
+    assert_eq!(total(&base, dir, "jobs", "available").await, 0);
+
+    // Lines in batches, printed by consume, then replayed read-only.
+    narad(&base, dir, &["topics", "create", "lines"], None).await;
+    let (ok, out) = narad(
+        &base,
+        dir,
+        &["produce", "lines", "--lines"],
+        Some("alpha\n{\"n\":2}\n\nbeta\n"),
+    )
+    .await;
+    assert!(ok && out.contains("\"sent\":3"), "{out}");
+    let (ok, out) = narad(
+        &base,
+        dir,
+        &["consume", "lines", "--count", "3", "--wait", "1s"],
+        None,
+    )
+    .await;
+    assert!(ok);
+    let payloads: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["payload"].clone())
+        .collect();
+    assert_eq!(
+        payloads,
+        [
+            Value::from("alpha"),
+            serde_json::json!({"n": 2}),
+            Value::from("beta")
+        ]
+    );
+    let (ok, out) = narad(
+        &base,
+        dir,
+        &["replay", "lines", "--partition", "0", "--from", "1"],
+        None,
+    )
+    .await;
+    assert!(ok);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        !out.contains("receipt_handle"),
+        "replays lease nothing: {out}"
+    );
+
+    let (ok, _) = narad(&base, dir, &["topics", "delete", "lines"], None).await;
+    assert!(ok);
+    let (ok, _) = narad(&base, dir, &["topics", "get", "lines"], None).await;
+    assert!(!ok, "a deleted topic is gone");
+    server.kill().await;
+}
