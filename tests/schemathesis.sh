@@ -18,6 +18,7 @@
 #   response outside the document still fails the run; strict parsing (unknown and repeated
 #   parameters, bad bodies) is tested in tests/tests/http_contract.rs.
 #
+# A response may take up to 15 s: a long poll waits up to its `wait`, 10 s at most by default.
 # Usage: tests/schemathesis.sh   (NARAD_BIN to test another build; NARAD_FUZZ_SEED, NARAD_FUZZ_EXAMPLES)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,7 +45,7 @@ curl -sf -u fuzz:fuzz-secret -X PUT "$base/v1/topics/orders" -d '{"partitions":4
 rc=0
 "$VENV/bin/schemathesis" run "$base/openapi.json" --auth fuzz:fuzz-secret \
     --checks all --exclude-checks positive_data_acceptance,ignored_auth,negative_data_rejection \
-    --max-examples "$examples" --seed "$seed" --request-timeout 30 \
+    --max-examples "$examples" --seed "$seed" --request-timeout 30 --max-response-time 15 \
     --report junit,vcr --report-dir "${NARAD_FUZZ_REPORT:-$work/report}" || rc=$?
 if grep -qE '"level":"ERROR"| ERROR ' "$serve_log"; then
     echo "[fuzz] narad serve logged errors:" >&2

@@ -449,3 +449,41 @@ async fn a_handle_of_a_deleted_topic_is_gone_for_its_successor() {
     assert_eq!(code(r).await.0, StatusCode::GONE);
     assert_eq!(s.ack("r", &handle(&new), "").await, StatusCode::NO_CONTENT);
 }
+
+/// `GET /v1/topics/{t}` shows how old the backlog is: the oldest unsettled message (at the
+/// frontier) and the oldest available one (no live lease), per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_stats_show_the_age_of_the_oldest_unsettled_and_available_messages() {
+    let s = Server::start().await;
+    s.create_topic("aged", json!({"visibility_timeout_ms": 60_000}))
+        .await;
+    let ages = |v: &serde_json::Value| {
+        let p = &v["partitions"][0];
+        (
+            p["oldest_unsettled_age_ms"].clone(),
+            p["oldest_available_age_ms"].clone(),
+        )
+    };
+    assert_eq!(ages(&s.topic("aged").await), (json!(null), json!(null)));
+    s.produce("aged", "first").await;
+    s.clock.advance(3000);
+    s.produce("aged", "second").await;
+    s.clock.advance(2000);
+    assert_eq!(ages(&s.topic("aged").await), (json!(5000), json!(5000)));
+    let first = s.consume("aged", "").await.unwrap();
+    assert_eq!(first["payload"], "first");
+    // The first is in flight: still the oldest unsettled, no longer available.
+    assert_eq!(ages(&s.topic("aged").await), (json!(5000), json!(2000)));
+    assert_eq!(
+        s.ack("aged", &handle(&first), "").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(ages(&s.topic("aged").await), (json!(2000), json!(2000)));
+    let second = s.consume("aged", "").await.unwrap();
+    assert_eq!(ages(&s.topic("aged").await), (json!(2000), json!(null)));
+    assert_eq!(
+        s.ack("aged", &handle(&second), "").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(ages(&s.topic("aged").await), (json!(null), json!(null)));
+}
