@@ -88,7 +88,7 @@ LAMBDA_PORT=9431 LAMBDA_CONCURRENCY=8 LAMBDA_ENV_FILE="$(env_file classic)" \
     functions/lambda-watch.sh start >/dev/null 2>&1
 measure "classic (8 instances)" "http://127.0.0.1:9431/lambda-url/narad-api"
 LAMBDA_PORT=9431 functions/lambda-watch.sh stop >/dev/null 2>&1
-functions/lmi-emulator.py --bin target/debug/narad-api --port 9432 --concurrency 32 \
+functions/lmi-emulator.py --bin "${CARGO_TARGET_DIR:-target}/debug/narad-api" --port 9432 --concurrency 32 \
     --env-file "$(env_file lmi)" >"$work/lmi.log" 2>&1 &
 emu=$!
 for _ in $(seq 100); do curl -sf http://127.0.0.1:9432/health >/dev/null && break; sleep 0.1; done

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds="${1:-60}"
 consumers="${2:-1}"
-bin="${NARAD_BIN:-target/release/narad}"
+bin="${NARAD_BIN:-${CARGO_TARGET_DIR:-target}/release/narad}"
 [[ -x "$bin" ]] || { echo "build narad first: cargo build --release" >&2; exit 2; }
 log=localstack/data/localstack.log
 

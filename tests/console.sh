@@ -10,8 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tests/lib.sh
 VENV=.tools/console-venv
 REQS=tests/console/requirements.txt
-bin="${NARAD_BIN:-target/debug/narad}"
-shots="$PWD/target/console-screenshots"
+bin="${NARAD_BIN:-${CARGO_TARGET_DIR:-target}/debug/narad}"
+shots="$(realpath -m "${CARGO_TARGET_DIR:-target}")/console-screenshots"
 
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "[console] installing chromium and chromium-driver with apt"

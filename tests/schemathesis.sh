@@ -23,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tests/lib.sh
-bin="${NARAD_BIN:-target/debug/narad}"
+bin="${NARAD_BIN:-${CARGO_TARGET_DIR:-target}/debug/narad}"
 seed="${NARAD_FUZZ_SEED:-20261130}"
 examples="${NARAD_FUZZ_EXAMPLES:-100}"
 VENV=.tools/fuzz-venv
