@@ -86,6 +86,11 @@ pub enum TopicsCmd {
         /// Topic.
         topic: String,
     },
+    /// Remove every retained message (available and in flight); the topic stays.
+    Purge {
+        /// Topic.
+        topic: String,
+    },
 }
 
 /// `narad produce ...`
@@ -105,6 +110,9 @@ pub struct ProduceArgs {
     /// client retry a 503 safely).
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// A header NAME=VALUE (repeatable); returned on consume as `headers`.
+    #[arg(long = "header", value_name = "NAME=VALUE")]
+    headers: Vec<String>,
     /// Send each line of stdin as a message, in batches (empty lines are skipped).
     #[arg(long, conflicts_with_all = ["message", "idempotency_key"])]
     lines: bool,
@@ -201,6 +209,10 @@ pub async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
                 .map_err(e)?,
         )?,
         TopicsCmd::Delete { topic } => c.delete_topic(&topic).await.map_err(e)?,
+        TopicsCmd::Purge { topic } => {
+            let purged = c.purge_topic(&topic).await.map_err(e)?;
+            print_json(&serde_json::json!({ "purged": purged }))?;
+        }
     }
     Ok(())
 }
@@ -225,6 +237,7 @@ pub async fn produce(a: ProduceArgs) -> Result<(), String> {
         key: a.key,
         partition: a.partition,
         idempotency_key: a.idempotency_key,
+        headers: parse_headers(&a.headers)?,
     };
     let p = c
         .produce(&a.topic, payload, &opts)
@@ -266,6 +279,7 @@ async fn produce_lines(c: &Client, a: &ProduceArgs) -> Result<(), String> {
             let mut m = BatchMessage::from_bytes(line).map_err(|e| e.to_string())?;
             m.key = a.key.clone();
             m.partition = a.partition;
+            m.headers = parse_headers(&a.headers)?;
             bytes += line.len() * 4 / 3 + 64;
             batch.push(m);
         }
@@ -302,6 +316,18 @@ async fn produce_lines(c: &Client, a: &ProduceArgs) -> Result<(), String> {
         return Err(format!("{failed} messages failed"));
     }
     Ok(())
+}
+
+/// `--header NAME=VALUE` flags as headers.
+fn parse_headers(flags: &[String]) -> Result<narad_client::Headers, String> {
+    flags
+        .iter()
+        .map(|f| {
+            f.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("--header {f:?}: expected NAME=VALUE"))
+        })
+        .collect()
 }
 
 /// `narad consume ...`
@@ -479,6 +505,10 @@ impl Job<'_> {
         match &m.key {
             Some(k) => command.env("NARAD_KEY", k),
             None => command.env_remove("NARAD_KEY"),
+        };
+        match serde_json::to_string(&m.headers) {
+            Ok(h) if !m.headers.is_empty() => command.env("NARAD_HEADERS", h),
+            _ => command.env_remove("NARAD_HEADERS"),
         };
         let mut child = match command.spawn() {
             Ok(c) => c,

@@ -136,7 +136,12 @@ pub struct ProduceOptions {
     pub partition: Option<u32>,
     /// Makes retries safe: a retry within the topic's dedup window appends nothing.
     pub idempotency_key: Option<String>,
+    /// Headers (name → value), sent as `Narad-Header-<name>`.
+    pub headers: Headers,
 }
+
+/// A message's headers.
+pub type Headers = std::collections::BTreeMap<String, String>;
 
 /// One message of a produce batch.
 #[derive(Debug, Clone, Serialize)]
@@ -156,6 +161,9 @@ pub struct BatchMessage {
     /// Idempotency key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Headers.
+    #[serde(skip_serializing_if = "Headers::is_empty")]
+    pub headers: Headers,
 }
 
 impl BatchMessage {
@@ -186,6 +194,7 @@ impl BatchMessage {
             key: None,
             partition: None,
             idempotency_key: None,
+            headers: Headers::new(),
         }
     }
 }
@@ -226,6 +235,9 @@ pub struct Message {
     pub delivery_count: u32,
     /// When the broker accepted it, RFC 3339.
     pub produced_at: String,
+    /// Headers (empty when it has none).
+    #[serde(default, skip_serializing_if = "Headers::is_empty")]
+    pub headers: Headers,
 }
 
 impl Message {
@@ -270,14 +282,18 @@ pub enum Settle {
     Extend,
     /// Give it back: available again at once.
     Nack,
+    /// Retry later: the lease ends this long from now (at most 12 h), then the message
+    /// comes back.
+    ExtendFor(Duration),
 }
 
 impl Settle {
-    fn query(self) -> Option<&'static str> {
+    fn query(self) -> Option<String> {
         match self {
             Settle::Ack => None,
-            Settle::Extend => Some("true"),
-            Settle::Nack => Some("0"),
+            Settle::Extend => Some("true".into()),
+            Settle::Nack => Some("0".into()),
+            Settle::ExtendFor(d) => Some(format!("{}ms", d.as_millis())),
         }
     }
 }
@@ -446,6 +462,19 @@ impl Client {
         Ok(())
     }
 
+    /// Removes every retained message (available and in flight); answers how many.
+    pub async fn purge_topic(&self, name: &str) -> Result<u64> {
+        #[derive(Deserialize)]
+        struct Purged {
+            purged: u64,
+        }
+        let path = topic_path(name, "/purge");
+        let r = self
+            .send(Retry::Yes, || self.request(Method::POST, &path))
+            .await?;
+        Ok(json::<Purged>(r).await?.purged)
+    }
+
     /// Appends one message (its raw bytes). Retried on 503 only with an idempotency key.
     pub async fn produce(
         &self,
@@ -476,6 +505,9 @@ impl Client {
                     .body(payload.clone());
                 if let Some(k) = &opts.idempotency_key {
                     req = req.header("Idempotency-Key", k);
+                }
+                for (name, value) in &opts.headers {
+                    req = req.header(format!("Narad-Header-{name}"), value);
                 }
                 req
             })
@@ -583,7 +615,7 @@ impl Client {
         self.send(Retry::Yes, || {
             let mut q = vec![("receipt_handle", receipt_handle.to_owned())];
             if let Some(e) = action.query() {
-                q.push(("extend", e.to_owned()));
+                q.push(("extend", e));
             }
             self.request(Method::POST, &path).query(&q)
         })
@@ -654,6 +686,7 @@ mod tests {
             receipt_handle: None,
             delivery_count: 1,
             produced_at: String::new(),
+            headers: Headers::new(),
         }
     }
 

@@ -1,17 +1,27 @@
 //! Segment objects: immutable batches of messages.
 //!
 //! A segment is written once, with put-if-absent, before the manifest write that
-//! makes its messages visible. Its encoding is the magic bytes `NSG1` followed by a
-//! [postcard] encoding of [`Segment`]; each message carries a CRC-32 of its payload,
-//! checked on every read. A segment does not know its offsets: the manifest maps its
-//! id to a base offset, so a segment whose commit raced and retried is reused as is.
+//! makes its messages visible. Its encoding is four magic bytes followed by a
+//! [postcard] encoding of [`Segment`]: `NSG1` when no message has headers (the format
+//! every version reads), `NSG2` when one has (each message then carries its headers
+//! after its checksum). Each message carries a CRC-32 of its payload followed by its
+//! headers (name, NUL, value, NUL each; nothing for none, so `NSG1`'s CRC is the
+//! payload's), checked on every read. A segment does not know its offsets: the manifest
+//! maps its id to a base offset, so a segment whose commit raced and retried is reused
+//! as is.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{Cache, Weigh};
 
-const MAGIC: &[u8; 4] = b"NSG1";
+const MAGIC_V1: &[u8; 4] = b"NSG1";
+const MAGIC_V2: &[u8; 4] = b"NSG2";
+
+/// A message's headers: lowercase name → value (docs/design.md §1).
+pub type Headers = BTreeMap<String, String>;
 
 /// One stored message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,8 +33,23 @@ pub struct StoredMessage {
     /// The raw payload bytes.
     #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
-    /// CRC-32 of `payload`.
+    /// CRC-32 of `payload` then `headers` ([`checksum`]).
     pub crc32: u32,
+    /// Headers (empty for most messages).
+    pub headers: Headers,
+}
+
+/// The CRC-32 a message carries: its payload, then each header as name, NUL, value, NUL.
+fn checksum(payload: &[u8], headers: &Headers) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(payload);
+    for (k, v) in headers {
+        h.update(k.as_bytes());
+        h.update(&[0]);
+        h.update(v.as_bytes());
+        h.update(&[0]);
+    }
+    h.finalize()
 }
 
 impl StoredMessage {
@@ -36,8 +61,36 @@ impl StoredMessage {
             key,
             payload,
             crc32,
+            headers: Headers::new(),
         }
     }
+
+    /// The same message with `headers`, its checksum recomputed.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.crc32 = checksum(&self.payload, &headers);
+        self.headers = headers;
+        self
+    }
+}
+
+/// A message as `NSG1` stores it (no headers), borrowed for encoding.
+#[derive(Serialize)]
+struct V1Ref<'a> {
+    produced_at_ms: u64,
+    key: &'a Option<String>,
+    #[serde(with = "serde_bytes")]
+    payload: &'a [u8],
+    crc32: u32,
+}
+
+/// A message as `NSG1` stores it, decoded.
+#[derive(Deserialize)]
+struct V1Message {
+    produced_at_ms: u64,
+    key: Option<String>,
+    #[serde(with = "serde_bytes")]
+    payload: Vec<u8>,
+    crc32: u32,
 }
 
 /// A decoded segment.
@@ -51,7 +104,15 @@ impl Weigh for Segment {
     fn weight(&self) -> usize {
         self.messages
             .iter()
-            .map(|m| m.payload.len() + m.key.as_ref().map_or(0, String::len) + 48)
+            .map(|m| {
+                m.payload.len()
+                    + m.key.as_ref().map_or(0, String::len)
+                    + m.headers
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len() + 32)
+                        .sum::<usize>()
+                    + 48
+            })
             .sum::<usize>()
             + 32
     }
@@ -67,22 +128,55 @@ pub type SegmentCache = Cache<Segment>;
 pub struct CorruptSegment(pub String);
 
 impl Segment {
-    /// The bytes to store.
+    /// The bytes to store: `NSG1` unless a message has headers.
     pub fn encode(&self) -> Result<Bytes, CorruptSegment> {
-        let mut out = MAGIC.to_vec();
-        let body = postcard::to_allocvec(self).map_err(|e| CorruptSegment(e.to_string()))?;
+        let err = |e: postcard::Error| CorruptSegment(e.to_string());
+        let with_headers = self.messages.iter().any(|m| !m.headers.is_empty());
+        let (magic, body) = if with_headers {
+            (MAGIC_V2, postcard::to_allocvec(self).map_err(err)?)
+        } else {
+            let v1: Vec<V1Ref<'_>> = self
+                .messages
+                .iter()
+                .map(|m| V1Ref {
+                    produced_at_ms: m.produced_at_ms,
+                    key: &m.key,
+                    payload: &m.payload,
+                    crc32: m.crc32,
+                })
+                .collect();
+            (MAGIC_V1, postcard::to_allocvec(&(v1,)).map_err(err)?)
+        };
+        let mut out = Vec::with_capacity(4 + body.len());
+        out.extend_from_slice(magic);
         out.extend_from_slice(&body);
         Ok(Bytes::from(out))
     }
 
-    /// Decodes stored bytes and verifies every checksum.
+    /// Decodes stored bytes (`NSG1` or `NSG2`) and verifies every checksum.
     pub fn decode(data: &[u8]) -> Result<Self, CorruptSegment> {
-        let body = data
-            .strip_prefix(MAGIC.as_slice())
-            .ok_or_else(|| CorruptSegment("bad magic".into()))?;
-        let seg: Segment = postcard::from_bytes(body).map_err(|e| CorruptSegment(e.to_string()))?;
+        let err = |e: postcard::Error| CorruptSegment(e.to_string());
+        let seg = if let Some(body) = data.strip_prefix(MAGIC_V1.as_slice()) {
+            let (v1,): (Vec<V1Message>,) = postcard::from_bytes(body).map_err(err)?;
+            Segment {
+                messages: v1
+                    .into_iter()
+                    .map(|m| StoredMessage {
+                        produced_at_ms: m.produced_at_ms,
+                        key: m.key,
+                        payload: m.payload,
+                        crc32: m.crc32,
+                        headers: Headers::new(),
+                    })
+                    .collect(),
+            }
+        } else if let Some(body) = data.strip_prefix(MAGIC_V2.as_slice()) {
+            postcard::from_bytes(body).map_err(err)?
+        } else {
+            return Err(CorruptSegment("bad magic".into()));
+        };
         for (i, m) in seg.messages.iter().enumerate() {
-            if crc32fast::hash(&m.payload) != m.crc32 {
+            if checksum(&m.payload, &m.headers) != m.crc32 {
                 return Err(CorruptSegment(format!("checksum mismatch in message {i}")));
             }
         }
@@ -109,5 +203,44 @@ mod tests {
         bad[n - 6] ^= 0xff;
         assert!(Segment::decode(&bad).is_err());
         assert!(Segment::decode(b"nope").is_err());
+        assert_eq!(
+            &bytes[..4],
+            b"NSG1",
+            "no headers: the format every version reads"
+        );
+    }
+
+    #[test]
+    fn headers_round_trip_in_nsg2_and_are_checksummed() {
+        let mut h = Headers::new();
+        h.insert("trace-id".into(), "abc".into());
+        let seg = Segment {
+            messages: vec![
+                StoredMessage::new(1, None, b"plain".to_vec()),
+                StoredMessage::new(2, None, b"with".to_vec()).with_headers(h),
+            ],
+        };
+        let bytes = seg.encode().unwrap();
+        assert_eq!(&bytes[..4], b"NSG2");
+        assert_eq!(Segment::decode(&bytes).unwrap(), seg);
+        // Damage the header value's last byte: only the checksum can tell.
+        let mut bad = bytes.to_vec();
+        let at = bad.windows(3).rposition(|w| w == b"abc").unwrap() + 2;
+        bad[at] = b'x';
+        assert!(Segment::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn the_v1_encoding_is_unchanged() {
+        // Bytes written by the release before headers existed must still decode.
+        let old = Segment {
+            messages: vec![StoredMessage::new(7, Some("k".into()), b"v".to_vec())],
+        };
+        let bytes = old.encode().unwrap();
+        let mut want = b"NSG1".to_vec();
+        // postcard: 1 message; varint 7; Some; "k"; bytes "v"; crc32 as varint.
+        want.extend_from_slice(&[1, 7, 1, 1, b'k', 1, b'v']);
+        assert_eq!(&bytes[..want.len()], &want[..]);
+        assert_eq!(Segment::decode(&bytes).unwrap(), old);
     }
 }

@@ -42,6 +42,10 @@ pub struct TopicSettings {
     /// Where messages go after `max_deliveries` deliveries.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
+    /// While true, consume delivers nothing (204 with `Narad-Paused: true` after its
+    /// wait); produce, ack, extend, nack and replay work as usual.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 fn default_dedup_window() -> u64 {
@@ -59,6 +63,7 @@ impl Default for TopicSettings {
             dedup_window_ms: default_dedup_window(),
             max_deliveries: 0,
             dead_letter_topic: None,
+            paused: false,
         }
     }
 }
@@ -83,6 +88,8 @@ pub struct SettingsInput {
     pub max_deliveries: Option<u32>,
     /// See [`TopicSettings::dead_letter_topic`]; `""` clears it.
     pub dead_letter_topic: Option<String>,
+    /// See [`TopicSettings::paused`].
+    pub paused: Option<bool>,
 }
 
 /// A setting out of range, or an attempt to change a fixed one.
@@ -148,6 +155,9 @@ impl SettingsInput {
         }
         if let Some(v) = &self.dead_letter_topic {
             s.dead_letter_topic = (!v.is_empty()).then(|| v.clone());
+        }
+        if let Some(v) = self.paused {
+            s.paused = v;
         }
     }
 }

@@ -77,6 +77,7 @@ async fn run(store: DynStore, faulty: Option<&Arc<FaultStore>>) -> (usize, usize
                     key: None,
                     payload: Bytes::from(payload.clone()),
                     idempotency_key: None,
+                    headers: Default::default(),
                 };
                 match b.produce("c", msg).await {
                     Ok(p) => answered.push((payload, p.offset)),

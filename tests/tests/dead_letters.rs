@@ -51,6 +51,14 @@ async fn poison_messages_move_to_the_dead_letter_topic() {
     assert_eq!(dead["payload"], json!({"bad": true}));
     assert_eq!(dead["key"], "poison");
     assert_eq!(dead["delivery_count"], 1);
+    // Where it came from travels with it, as headers.
+    let h = &dead["headers"];
+    assert_eq!(h["narad-source-topic"], "orders", "{dead}");
+    assert_eq!(h["narad-source-partition"], "0");
+    assert_eq!(h["narad-source-offset"], "0");
+    assert_eq!(h["narad-delivery-count"], "2");
+    assert!(h["narad-produced-at"].as_str().unwrap().ends_with('Z'));
+    assert!(h["narad-dead-lettered-at"].as_str().unwrap().ends_with('Z'));
     // The old handle is dead.
     assert_eq!(s.ack("orders", &handle(&m), "").await, StatusCode::GONE);
     // Counters are per process: only an in-process server's are exact.
@@ -122,4 +130,52 @@ async fn dead_letter_settings_are_validated() {
     assert_eq!(r.status(), StatusCode::OK);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["settings"]["dead_letter_topic"], Value::Null);
+}
+
+/// Redrive moves dead letters back to their source topic (and partition), once: a second
+/// redrive finds nothing, and a message that is not a dead letter stays where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_moves_dead_letters_back_once() {
+    let s = Server::start().await;
+    s.create_topic("jobs-dlq", json!({})).await;
+    s.create_topic(
+        "jobs",
+        json!({"partitions": 2, "max_deliveries": 1, "dead_letter_topic": "jobs-dlq", "visibility_timeout_ms": 1000}),
+    )
+    .await;
+    let (p, _) = s.produce_q("jobs", "key=k1", "poison").await;
+    let m = s.consume("jobs", "").await.unwrap();
+    assert_eq!(
+        s.ack("jobs", &handle(&m), "&extend=0").await,
+        StatusCode::NO_CONTENT
+    );
+    // Its second lease parks it and moves it to the dead-letter topic.
+    assert!(s.consume("jobs", "").await.is_none());
+    s.produce("jobs-dlq", "not a dead letter").await;
+    let redrive = |q: &'static str| {
+        s.req(
+            reqwest::Method::POST,
+            &format!("/v1/topics/jobs-dlq/redrive{q}"),
+        )
+        .send()
+    };
+    let r = redrive("").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"moved": 1, "failed": 1}));
+    let back = s.consume("jobs", "").await.unwrap();
+    assert_eq!(back["payload"], "poison");
+    assert_eq!(back["key"], "k1");
+    assert_eq!(back["partition"], p, "back to its source partition");
+    assert!(
+        back.get("headers").is_none(),
+        "the origin headers stay behind: {back}"
+    );
+    let r = redrive("?max=10").await.unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"moved": 0, "failed": 1}), "nothing moves twice");
+    let left = s.consume("jobs-dlq", "").await.unwrap();
+    assert_eq!(left["payload"], "not a dead letter");
+    let r = redrive("?max=0").await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }

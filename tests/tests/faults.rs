@@ -182,6 +182,7 @@ async fn run_op(brokers: &[Broker], op: &Op) -> Outcome {
                     key: None,
                     payload: Bytes::from(payload.clone()),
                     idempotency_key: keyed.then(|| format!("key-{payload}")),
+                    headers: Default::default(),
                 };
                 if let Ok(p) = brokers[i].produce("f", msg).await {
                     match got {

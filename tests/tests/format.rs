@@ -95,6 +95,7 @@ async fn a_format_1_store_reads_back_as_written() {
         key: None,
         payload: Bytes::from_static(b"{\"n\":3}"),
         idempotency_key: Some("k3".into()),
+        headers: Default::default(),
     };
     let p = b.produce("orders", retry).await.unwrap();
     assert_eq!((p.partition, p.offset), (0, 3));
@@ -127,6 +128,7 @@ async fn a_format_1_store_reads_back_as_written() {
                 key: None,
                 payload: Bytes::from_static(b"new"),
                 idempotency_key: None,
+                headers: Default::default(),
             },
         )
         .await

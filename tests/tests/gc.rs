@@ -37,6 +37,7 @@ fn msg(s: &str) -> NewMessage {
         key: None,
         payload: Bytes::from(s.to_owned()),
         idempotency_key: None,
+        headers: Default::default(),
     }
 }
 
@@ -156,6 +157,7 @@ async fn compaction_merges_small_segments_without_losing_anything() {
             key: (i % 2 == 0).then(|| format!("k{i}")),
             payload: Bytes::from(format!("m{i}")),
             idempotency_key: None,
+            headers: Default::default(),
         };
         b.produce("c", m).await.unwrap();
     }

@@ -36,6 +36,7 @@ fn msg(payload: String, key: Option<String>) -> NewMessage {
         key: None,
         payload: Bytes::from(payload),
         idempotency_key: key,
+        headers: Default::default(),
     }
 }
 

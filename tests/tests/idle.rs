@@ -41,6 +41,7 @@ fn message(text: &str) -> NewMessage {
         key: None,
         payload: Bytes::from(text.to_owned()),
         idempotency_key: None,
+        headers: Default::default(),
     }
 }
 

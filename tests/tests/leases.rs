@@ -487,3 +487,172 @@ async fn topic_stats_show_the_age_of_the_oldest_unsettled_and_available_messages
     );
     assert_eq!(ages(&s.topic("aged").await), (json!(null), json!(null)));
 }
+
+/// `extend=<duration>` ("retry later", SQS's ChangeMessageVisibility): the lease ends that
+/// long from now, the handle stays good until then, and the message then comes back with
+/// its delivery counted. `extend=true` and `extend=0` keep their meaning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_with_a_duration_gives_the_message_back_that_much_later() {
+    let s = Server::start().await;
+    s.create_topic("later", json!({"visibility_timeout_ms": 5000}))
+        .await;
+    s.produce("later", "retry me").await;
+    let m = s.consume("later", "").await.unwrap();
+    assert_eq!(
+        s.ack("later", &handle(&m), "&extend=30s").await,
+        StatusCode::NO_CONTENT
+    );
+    s.clock.advance(29_999);
+    assert!(
+        s.consume("later", "").await.is_none(),
+        "still invisible: the new end is 30 s away, past the 5 s timeout"
+    );
+    s.clock.advance(1);
+    let again = s.consume("later", "").await.unwrap();
+    assert_eq!(again["delivery_count"], 2);
+    // A bare number is seconds, as with `wait`; 0 in any spelling is a nack.
+    assert_eq!(
+        s.ack("later", &handle(&again), "&extend=2").await,
+        StatusCode::NO_CONTENT
+    );
+    s.clock.advance(1999);
+    assert!(s.consume("later", "").await.is_none());
+    s.clock.advance(1);
+    let third = s.consume("later", "").await.unwrap();
+    assert_eq!(
+        s.ack("later", &handle(&third), "&extend=0ms").await,
+        StatusCode::NO_CONTENT
+    );
+    let fourth = s.consume("later", "").await.unwrap();
+    assert_eq!(fourth["delivery_count"], 4);
+    for bad in ["13h", "soon", "-1s"] {
+        let r = s
+            .ack_raw("later", &handle(&fourth), &format!("&extend={bad}"))
+            .await;
+        assert_eq!(
+            code(r).await,
+            (StatusCode::BAD_REQUEST, "invalid_request".into()),
+            "extend={bad}"
+        );
+    }
+    assert_eq!(
+        s.ack("later", &handle(&fourth), "").await,
+        StatusCode::NO_CONTENT
+    );
+}
+
+/// A paused topic delivers nothing (204 with `Narad-Paused: true`, after the consume's wait)
+/// while produce, ack and replay go on; resuming wakes a waiting consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_topic_delivers_nothing_until_resumed() {
+    let s = Server::start().await;
+    s.create_topic("p", json!({})).await;
+    s.produce("p", "before").await;
+    let held = s.consume("p", "").await.unwrap();
+    let patch = |paused: bool| {
+        s.req(reqwest::Method::PATCH, "/v1/topics/p")
+            .body(json!({ "paused": paused }).to_string())
+            .send()
+    };
+    let r = patch(true).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["settings"]["paused"], true);
+    // Other processes (Lambda instances) see settings within the topic cache's 1 s.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    s.produce("p", "while paused").await;
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/topics/p")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "creating it again does not trip over the pause"
+    );
+    let r = s.consume_raw("p", "").await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(r.headers()["narad-paused"], "true", "the 204 says why");
+    assert_eq!(s.ack("p", &handle(&held), "").await, StatusCode::NO_CONTENT);
+    let replayed = s.consume("p", "partition=0&offset=1").await.unwrap();
+    assert_eq!(
+        replayed["payload"], "while paused",
+        "replay is read-only and still works"
+    );
+    // A long poll that waits through the pause gets the message once resumed.
+    let waiting = {
+        let url = s.url("/v1/topics/p/consume?wait=5s");
+        let http = s.http.clone();
+        tokio::spawn(async move {
+            http.get(url)
+                .basic_auth(narad_tests::USER, Some(narad_tests::PASS))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(patch(false).await.unwrap().status(), StatusCode::OK);
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let m: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(m["payload"], "while paused");
+    assert!(s
+        .consume_raw("p", "")
+        .await
+        .headers()
+        .get("narad-paused")
+        .is_none());
+}
+
+/// Purge removes every retained message, available and in flight: outstanding handles get
+/// 410, replays of the old offsets 410, and new produces continue from the next offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_everything_retained_and_offsets_continue() {
+    let s = Server::start().await;
+    s.create_topic("purged", json!({"partitions": 2})).await;
+    let mut last = std::collections::HashMap::new();
+    for i in 0..6 {
+        let (p, o) = s.produce("purged", format!("m{i}")).await;
+        last.insert(p, o);
+    }
+    let held = s.consume("purged", "").await.unwrap();
+    let r = s
+        .req(reqwest::Method::POST, "/v1/topics/purged/purge")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["purged"], 6);
+    assert_eq!(s.ack("purged", &handle(&held), "").await, StatusCode::GONE);
+    assert!(
+        s.consume("purged", "").await.is_none(),
+        "nothing left to deliver"
+    );
+    let stats = s.topic("purged").await;
+    for p in stats["partitions"].as_array().unwrap() {
+        assert_eq!(p["start_offset"], p["next_offset"], "{p}");
+        assert_eq!(
+            (p["available"].as_u64(), p["in_flight"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+    let r = s.consume_raw("purged", "partition=0&offset=0").await;
+    assert_eq!(code(r).await, (StatusCode::GONE, "offset_expired".into()));
+    let (p, o) = s.produce_q("purged", "partition=0", "after").await;
+    assert_eq!((p, o), (0, last[&0] + 1), "offsets continue");
+    let m = s.consume("purged", "").await.unwrap();
+    assert_eq!(m["payload"], "after");
+    let r = s
+        .req(reqwest::Method::POST, "/v1/topics/nothing-here/purge")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        code(r).await,
+        (StatusCode::NOT_FOUND, "topic_not_found".into())
+    );
+}

@@ -136,15 +136,20 @@ proptest! {
     }
 
     #[test]
-    fn ack_batches_take_only_true_or_zero(
+    fn ack_batches_take_true_zero_or_a_duration(
         handles in proptest::collection::vec("[a-zA-Z0-9._-]{1,40}", 1..30),
-        extend in prop_oneof![Just("true"), Just("0"), Just("1"), Just("false"), Just("\"true\""), Just("null")],
+        extend in prop_oneof![
+            Just("true"), Just("0"), Just("1"), Just("\"30s\""), Just("false"), Just("\"13h\""),
+            Just("\"soon\""), Just("\"true\""), Just("null"), Just("-1"),
+        ],
     ) {
         let body = format!(r#"{{"receipt_handles":{},"extend":{extend}}}"#, serde_json::to_string(&handles).unwrap());
         let r = parse_ack_batch(body.as_bytes());
         match extend {
-            // null is the same as no extend: ack.
-            "true" | "0" | "\"true\"" | "null" => prop_assert_eq!(r.unwrap().len(), handles.len()),
+            // null is the same as no extend: ack. A number is seconds (retry later).
+            "true" | "0" | "1" | "\"30s\"" | "\"true\"" | "null" => {
+                prop_assert_eq!(r.unwrap().len(), handles.len())
+            }
             _ => prop_assert!(r.is_err()),
         }
     }

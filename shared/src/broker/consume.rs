@@ -25,6 +25,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::{Grant, Layout, Settle};
 use crate::receipt::Claims;
+use crate::segment::Headers;
 use crate::topic::Topic;
 
 /// Most messages one consume may return.
@@ -38,7 +39,14 @@ pub const MAX_CONSUME_RESPONSE_BYTES: usize = 4 << 20;
 /// at most (`payload.rs`), a key by six times (escaping), and the handle and fields take
 /// a few hundred bytes plus the topic name.
 fn rendered_bound(d: &Delivery) -> usize {
-    d.payload.len() * 3 / 2 + d.key.as_ref().map_or(0, |k| k.len() * 6) + 512 + d.topic.len() * 3
+    d.payload.len() * 3 / 2
+        + d.key.as_ref().map_or(0, |k| k.len() * 6)
+        + d.headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() * 6 + 8)
+            .sum::<usize>()
+        + 512
+        + d.topic.len() * 3
 }
 
 /// A message handed to a consumer (or read by replay, without a handle).
@@ -60,6 +68,8 @@ pub struct Delivery {
     pub delivery_count: u32,
     /// When the broker accepted it.
     pub produced_at_ms: u64,
+    /// Headers.
+    pub headers: Headers,
 }
 
 impl Broker {
@@ -208,6 +218,10 @@ impl Broker {
         max: usize,
         view: Option<&View>,
     ) -> BrokerResult<(Vec<Delivery>, Option<u64>)> {
+        if topic.settings.paused {
+            // Delivers nothing until resumed; the long poll waits out its time meanwhile.
+            return Ok((Vec::new(), None));
+        }
         let n = topic.settings.partitions;
         let order: Vec<u32> = match partition {
             Some(p) => {
@@ -293,6 +307,7 @@ impl Broker {
                 receipt_handle: Some(self.receipts.sign(&claims)),
                 delivery_count: g.delivery_count,
                 produced_at_ms: msg.produced_at_ms,
+                headers: msg.headers,
             };
             out.push((d, g));
         }

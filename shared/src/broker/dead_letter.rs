@@ -14,6 +14,12 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::partition::{Grant, Layout};
 use crate::topic::Topic;
 
+/// RFC 3339 with milliseconds, as the API shows times.
+fn rfc3339_ms(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 impl Broker {
     /// Moves a parked message to the dead-letter topic, then settles it here. Failures
     /// are logged; the message stays parked and is moved again later.
@@ -57,11 +63,25 @@ impl Broker {
             );
             let digest = Sha256::digest(origin.as_bytes());
             let id: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            // Where it came from, as headers (the `narad-` names are reserved for these).
+            let mut headers = msg.headers;
+            let origin = [
+                ("narad-source-topic", topic.name.clone()),
+                ("narad-source-partition", partition.to_string()),
+                ("narad-source-offset", g.offset.to_string()),
+                ("narad-delivery-count", g.delivery_count.to_string()),
+                ("narad-produced-at", rfc3339_ms(msg.produced_at_ms)),
+                ("narad-dead-lettered-at", rfc3339_ms(self.clock.now_ms())),
+            ];
+            for (k, v) in origin {
+                headers.insert(k.to_owned(), v);
+            }
             let msg = NewMessage {
                 partition: None,
                 key: msg.key,
                 payload: Bytes::from(msg.payload),
                 idempotency_key: Some(format!("dlq-{id}")),
+                headers,
             };
             self.produce(&dlq, msg).await?;
         }

@@ -18,6 +18,7 @@ mod long_poll;
 mod metrics;
 pub mod produce;
 mod read;
+mod redrive;
 mod replay;
 mod settle;
 pub mod topics;
@@ -44,6 +45,7 @@ pub use crate::partition::Settle;
 pub use crate::topic::Topic;
 pub use consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 pub use produce::{NewMessage, Produced};
+pub use redrive::{Redriven, MAX_REDRIVE};
 pub use topics::PartitionStats;
 
 /// The broker. Cheap to share behind an `Arc`.

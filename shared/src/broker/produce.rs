@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::{check_partition, partition_for_key, Broker};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::produce::NewStored;
-use crate::segment::StoredMessage;
+use crate::segment::{Headers, StoredMessage};
 use crate::topic::Topic;
 
 /// A message to produce.
@@ -31,6 +31,8 @@ pub struct NewMessage {
     /// answers the first produce's partition and offset. Without `partition` or `key`
     /// it also picks the partition (by hash), so retries reach the same partition.
     pub idempotency_key: Option<String>,
+    /// Headers, returned on consume and replay.
+    pub headers: Headers,
 }
 
 /// Where a produced message landed.
@@ -117,7 +119,8 @@ impl Broker {
                         now,
                         messages[i].key.clone(),
                         messages[i].payload.to_vec(),
-                    ),
+                    )
+                    .with_headers(messages[i].headers.clone()),
                     idempotency_key: messages[i].idempotency_key.clone(),
                 })
                 .collect();

@@ -181,7 +181,7 @@ impl Broker {
             .update_cached(
                 &mut Some(snap),
                 &mut Pure(|cur: &mut Option<TopicRecord>| match cur {
-                    Some(old) if old.settings == new.settings => {
+                    Some(old) if same_configuration(&old.settings, &new.settings) => {
                         Ok(Decision::Keep(Created::Existing))
                     }
                     Some(_) => Err(BrokerError::TopicConflict),
@@ -308,6 +308,23 @@ impl Broker {
         Ok(())
     }
 
+    /// Removes every retained message of every partition (available and in flight; see
+    /// [`crate::commit::Committer::purge`]); answers how many. The topic, its settings and
+    /// its offsets stay: new produces continue from where the partitions were.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], store failures.
+    pub async fn purge_topic(&self, name: &str) -> BrokerResult<u64> {
+        self.with_topic(name, |topic| async move {
+            let mut removed = 0;
+            for p in 0..topic.settings.partitions {
+                removed += self.committer.purge(&topic, p).await?;
+                self.changed(&topic, p);
+            }
+            Ok(removed)
+        })
+        .await
+    }
+
     /// Per-partition state of a topic.
     ///
     /// Errors: store failures, [`BrokerError::StaleTopic`].
@@ -375,6 +392,16 @@ impl Broker {
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &key, &topic.incarnation);
         Ok(cell.read::<BrokerError>().await?.value)
     }
+}
+
+/// Whether a create with `new` finds the topic as it asked for it: every setting equal,
+/// but `paused`, which is a state an operator toggles rather than configuration (an app
+/// that creates its topics at start-up must not fail while one is paused).
+fn same_configuration(old: &TopicSettings, new: &TopicSettings) -> bool {
+    TopicSettings {
+        paused: old.paused,
+        ..new.clone()
+    } == *old
 }
 
 fn not_own_dead_letter_topic(name: &str, s: &TopicSettings) -> BrokerResult<()> {

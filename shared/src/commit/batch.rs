@@ -51,11 +51,16 @@ pub(super) struct Replies {
     settled: Vec<oneshot::Sender<BrokerResult<()>>>,
     leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
     compacted: Vec<oneshot::Sender<BrokerResult<u64>>>,
+    purged: Vec<oneshot::Sender<BrokerResult<u64>>>,
 }
 
 impl Replies {
     fn len(&self) -> usize {
-        self.produced.len() + self.settled.len() + self.leased.len() + self.compacted.len()
+        self.produced.len()
+            + self.settled.len()
+            + self.leased.len()
+            + self.compacted.len()
+            + self.purged.len()
     }
 
     /// Answers every caller with its own result; leases with the committed `layout`.
@@ -76,6 +81,9 @@ impl Replies {
             let _ = tx.send(Ok(LeaseAnswer { leased, layout }));
         }
         for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
+            let _ = tx.send(Ok(r));
+        }
+        for (tx, r) in self.purged.into_iter().zip(applied.purged) {
             let _ = tx.send(Ok(r));
         }
     }
@@ -101,6 +109,7 @@ impl Replies {
         all(self.settled, e);
         all(self.leased, e);
         all(self.compacted, e);
+        all(self.purged, e);
     }
 }
 
@@ -135,6 +144,10 @@ fn split(pending: Vec<Pending>) -> (Batch, Replies, String) {
             Op::Compact(swaps, tx) => {
                 batch.swaps.push(swaps);
                 replies.compacted.push(tx);
+            }
+            Op::Purge(tx) => {
+                batch.purges += 1;
+                replies.purged.push(tx);
             }
         }
     }

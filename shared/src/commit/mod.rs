@@ -111,6 +111,7 @@ enum Op {
     Lease(usize, u64, oneshot::Sender<BrokerResult<LeaseAnswer>>),
     Settle(SettleOp, oneshot::Sender<BrokerResult<()>>),
     Compact(Vec<Swap>, oneshot::Sender<BrokerResult<u64>>),
+    Purge(oneshot::Sender<BrokerResult<u64>>),
 }
 
 struct Pending {
@@ -327,6 +328,17 @@ impl Committer {
                 ),
             },
         }
+    }
+
+    /// Removes every retained message of the partition (available, in flight, acked ahead);
+    /// answers how many. Outstanding receipt handles then get 410; new produces continue
+    /// from the next offset. The objects are deleted after the commit lands.
+    ///
+    /// Errors: as [`Committer::produce`].
+    pub async fn purge(self: &Arc<Self>, topic: &Topic, partition: u32) -> BrokerResult<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(topic, partition, Op::Purge(tx));
+        answer(rx).await
     }
 
     /// Queues `op` and makes sure a task is draining the queue.

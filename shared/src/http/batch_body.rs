@@ -32,6 +32,8 @@ struct BatchMessage {
     partition: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    #[serde(default)]
+    headers: Option<crate::segment::Headers>,
 }
 
 impl BatchMessage {
@@ -80,11 +82,14 @@ pub fn parse_produce_batch(body: &[u8]) -> Result<Vec<NewMessage>, ApiError> {
             &payload,
             m.idempotency_key.as_deref(),
         )?;
+        let headers = m.headers.unwrap_or_default();
+        crate::http::extract::check_headers(&format!("messages[{i}]: "), &headers)?;
         messages.push(NewMessage {
             idempotency_key: m.idempotency_key,
             partition: m.partition,
             key: m.key,
             payload,
+            headers,
         });
     }
     Ok(messages)
@@ -124,16 +129,34 @@ pub fn parse_ack_batch(body: &[u8]) -> Result<Vec<(String, Settle)>, ApiError> {
     Ok(entries)
 }
 
-/// `extend`: absent acks, `true` renews the lease, `0` gives the message back.
+/// The longest `extend=<duration>`: the longest visibility timeout a topic may have.
+pub const MAX_EXTEND: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+
+/// `extend`: absent acks, `true` renews the lease for the visibility timeout, `0` gives the
+/// message back, a duration (`30s`, `500ms`, `5m`; a bare number is seconds, as `wait`) ends
+/// the lease that long from now ("retry later"), at most [`MAX_EXTEND`].
 ///
 /// Errors: 400 for any other value.
 pub fn parse_extend(v: Option<&str>) -> Result<Settle, ApiError> {
+    let bad = |other: &str| {
+        ApiError::bad_request(format!(
+            "extend must be true (renew the lease), 0 (give the message back) or a duration \
+             up to 12h like 30s (retry later), got {other:?}"
+        ))
+    };
     match v {
         None => Ok(Settle::Ack),
         Some("true") => Ok(Settle::Extend),
         Some("0") => Ok(Settle::Nack),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "extend must be true (renew the lease) or 0 (give the message back), got {other:?}"
-        ))),
+        Some(other) => {
+            let d = crate::http::extract::parse_wait_uncapped(other).map_err(|_| bad(other))?;
+            if d > MAX_EXTEND {
+                return Err(bad(other));
+            }
+            Ok(match u64::try_from(d.as_millis()).unwrap_or(u64::MAX) {
+                0 => Settle::Nack,
+                ms => Settle::ExtendFor(ms),
+            })
+        }
     }
 }

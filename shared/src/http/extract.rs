@@ -13,7 +13,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use super::limits::{MAX_IDEMPOTENCY_KEY, MAX_KEY_BYTES};
+use super::limits::{
+    HEADER_PREFIX, MAX_HEADERS, MAX_HEADER_BYTES, MAX_HEADER_NAME, MAX_IDEMPOTENCY_KEY,
+    MAX_KEY_BYTES,
+};
 use super::ApiError;
 
 /// The topic name in the path.
@@ -71,13 +74,85 @@ impl Query {
 
 /// `wait`: `0`, `500ms`, `10s`, `1m`; a bare number is seconds (as SQS's WaitTimeSeconds).
 pub fn parse_wait(v: &str) -> Result<Duration, ApiError> {
+    let d = parse_wait_uncapped(v).map_err(|_| {
+        ApiError::bad_request(format!("wait must look like 0, 500ms or 10s, got {v:?}"))
+    })?;
+    Ok(d.min(Duration::from_secs(3600)))
+}
+
+/// A duration in `wait`'s syntax, not capped (the caller bounds it).
+///
+/// Errors: the text is not such a duration.
+pub(super) fn parse_wait_uncapped(v: &str) -> Result<Duration, humantime::DurationError> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<u64>() {
-        return Ok(Duration::from_secs(secs.min(3600)));
+        return Ok(Duration::from_secs(secs.min(u64::MAX / 1000)));
     }
-    humantime::parse_duration(v).map_err(|_| {
-        ApiError::bad_request(format!("wait must look like 0, 500ms or 10s, got {v:?}"))
-    })
+    humantime::parse_duration(v)
+}
+
+/// Checks a message's headers: at most [`MAX_HEADERS`], names of 1–[`MAX_HEADER_NAME`]
+/// characters from `[a-z0-9._-]` not starting with the reserved `narad-`, values without
+/// control characters, at most [`MAX_HEADER_BYTES`] of names and values together.
+///
+/// Errors: 400 naming the first problem (with `at`, the batch position, if any).
+pub(super) fn check_headers(at: &str, headers: &crate::segment::Headers) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::bad_request(format!("{at}{m}")));
+    if headers.len() > MAX_HEADERS {
+        return bad(format!("at most {MAX_HEADERS} headers per message"));
+    }
+    let mut bytes = 0;
+    for (name, value) in headers {
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_HEADER_NAME
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+        if !name_ok {
+            return bad(format!(
+                "header name {name:?}: 1 to {MAX_HEADER_NAME} characters of a-z, 0-9, '.', '_', '-'"
+            ));
+        }
+        if name.starts_with("narad-") {
+            return bad(format!(
+                "header name {name:?}: the narad- prefix is reserved"
+            ));
+        }
+        if value.chars().any(char::is_control) {
+            return bad(format!(
+                "header {name:?}: control characters are not allowed"
+            ));
+        }
+        bytes += name.len() + value.len();
+    }
+    if bytes > MAX_HEADER_BYTES {
+        return bad(format!("headers exceed {MAX_HEADER_BYTES} bytes"));
+    }
+    Ok(())
+}
+
+/// The message headers of a single produce: every `Narad-Header-<name>` HTTP header
+/// (names lowercase, as HTTP header names are case-insensitive), checked.
+///
+/// Errors: 400 for a repeated name, a value that is not UTF-8, or [`check_headers`].
+pub(super) fn message_headers(http: &HeaderMap) -> Result<crate::segment::Headers, ApiError> {
+    let mut out = crate::segment::Headers::new();
+    for (name, value) in http {
+        let Some(short) = name.as_str().strip_prefix(HEADER_PREFIX) else {
+            continue;
+        };
+        let value = value.to_str().map_err(|_| {
+            ApiError::bad_request(format!("header {}: not visible ASCII", name.as_str()))
+        })?;
+        if out.insert(short.to_owned(), value.to_owned()).is_some() {
+            return Err(ApiError::bad_request(format!(
+                "header {}: given more than once",
+                name.as_str()
+            )));
+        }
+    }
+    check_headers("", &out)?;
+    Ok(out)
 }
 
 /// Reads a body of at most `limit` bytes; 413 beyond it, before buffering it all.

@@ -9,6 +9,14 @@ pub use crate::broker::{MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 pub const MAX_SETTINGS_BODY: usize = 64 * 1024;
 /// Largest `key` accepted on produce.
 pub const MAX_KEY_BYTES: usize = 1024;
+/// Headers per message at most.
+pub const MAX_HEADERS: usize = 32;
+/// Bytes of header names and values per message at most.
+pub const MAX_HEADER_BYTES: usize = 8192;
+/// Longest header name.
+pub const MAX_HEADER_NAME: usize = 64;
+/// Prefix of the HTTP headers that carry a single produce's message headers.
+pub const HEADER_PREFIX: &str = "narad-header-";
 /// Longest `Idempotency-Key` accepted.
 pub const MAX_IDEMPOTENCY_KEY: usize = 128;
 /// Largest batch body (API Gateway's own limit is 10 MB).

@@ -58,6 +58,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/produce-batch"),
     ("GET", "/v1/topics/{topic}/consume"),
     ("POST", "/v1/topics/{topic}/ack"),
+    ("POST", "/v1/topics/{topic}/purge"),
+    ("POST", "/v1/topics/{topic}/redrive"),
 ];
 
 #[derive(Clone)]
@@ -99,6 +101,11 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
             get(handlers::consume::consume),
         )
         .route("/v1/topics/{topic}/ack", post(handlers::ack::ack))
+        .route("/v1/topics/{topic}/purge", post(handlers::topics::purge))
+        .route(
+            "/v1/topics/{topic}/redrive",
+            post(handlers::topics::redrive),
+        )
         .route("/metrics", get(handlers::ops::metrics))
         // Inside auth: an unauthenticated request reserves nothing.
         .route_layer(middleware::from_fn_with_state(

@@ -10,6 +10,7 @@ use super::ApiError;
 use crate::broker::{Delivery, PartitionStats, Produced, Topic};
 use crate::error::BrokerResult;
 use crate::payload;
+use crate::segment::Headers;
 use crate::settings::TopicSettings;
 
 /// A topic, with per-partition stats on `GET /v1/topics/{topic}`.
@@ -55,6 +56,8 @@ pub(super) struct MessageView {
     receipt_handle: Option<String>,
     delivery_count: u32,
     produced_at: String,
+    #[serde(skip_serializing_if = "Headers::is_empty")]
+    headers: Headers,
 }
 
 impl From<Delivery> for MessageView {
@@ -70,6 +73,7 @@ impl From<Delivery> for MessageView {
             receipt_handle: d.receipt_handle,
             delivery_count: d.delivery_count,
             produced_at: rfc3339_ms(d.produced_at_ms),
+            headers: d.headers,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! One group commit applied to a manifest, in a fixed order (docs/design.md §6):
 //!
-//! 1. retention (segments past `retention_ms` leave, with their leases and acks), then
-//!    the index upkeep the committer prepared (a fold, a merge; [`super::index`]);
+//! 1. retention (segments past `retention_ms` leave, with their leases and acks), a purge
+//!    (every retained message leaves), then the index upkeep the committer prepared (a
+//!    fold, a merge; [`super::index`]);
 //! 2. produces, so leases in the same batch can see the new messages: combinable segments
 //!    (this batch's and other processes' listed ones) land in id order ([`super::combine`]),
 //!    any other segment of this batch is placed after them;
@@ -59,12 +60,17 @@ pub struct Batch {
     pub leases: Vec<LeaseOp>,
     /// Compaction requests.
     pub swaps: Vec<Vec<Swap>>,
+    /// Purge requests (one purge serves them all).
+    pub purges: usize,
 }
 
 impl Batch {
     /// True when the batch holds nothing but produces (maybe none: a sweep).
     pub fn produces_only(&self) -> bool {
-        self.settles.is_empty() && self.leases.is_empty() && self.swaps.is_empty()
+        self.settles.is_empty()
+            && self.leases.is_empty()
+            && self.swaps.is_empty()
+            && self.purges == 0
     }
 
     /// An empty batch under `rules`.
@@ -75,6 +81,7 @@ impl Batch {
             settles: Vec::new(),
             leases: Vec::new(),
             swaps: Vec::new(),
+            purges: 0,
         }
     }
 }
@@ -90,6 +97,8 @@ pub struct Applied {
     pub leased: Vec<Leased>,
     /// Segments replaced by each compaction request.
     pub compacted: Vec<u64>,
+    /// Messages each purge request removed (the same for all of a batch).
+    pub purged: Vec<u64>,
     /// What retention removed: its objects are deleted after the commit lands.
     pub dropped: Dropped,
     /// Whether the upkeep's fold and merge took effect.
@@ -144,6 +153,13 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         dropped: m.apply_retention(now, batch.rules.retention_ms),
         ..Applied::default()
     };
+    if batch.purges > 0 {
+        let removed = m.next_offset - m.start_offset;
+        let purged = m.purge();
+        out.dropped.segments.extend(purged.segments);
+        out.dropped.indexes.extend(purged.indexes);
+        out.purged = vec![removed; batch.purges];
+    }
     out.upkept = (
         upkeep.fold.as_ref().is_some_and(|f| index::fold(m, f)),
         upkeep.merge.as_ref().is_some_and(|g| index::merge(m, g)),
@@ -167,7 +183,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         let r = settle::settle(m, now, &op.rules, op.offset, op.lease_id, op.action);
         if r.is_ok() {
             changed = true;
-            out.wake |= op.action != Settle::Extend;
+            out.wake |= !matches!(op.action, Settle::Extend | Settle::ExtendFor(_));
         }
         out.settled.push(r);
     }

@@ -262,6 +262,13 @@ impl Manifest {
         }
     }
 
+    /// Removes every retained message, available, in flight or acked ahead (a purge):
+    /// the partition then starts at `next_offset`, and every outstanding lease is gone.
+    pub fn purge(&mut self) -> Dropped {
+        // Retention with a cutoff later than any produce time drops everything.
+        self.apply_retention(u64::MAX, 0)
+    }
+
     /// Drops the oldest indexes and segments whose newest message is older than
     /// `retention_ms` at `now_ms` (a prefix: everything before the first one still
     /// retained), with every lease and ack below the new start. Returns what was dropped;

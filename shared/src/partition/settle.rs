@@ -4,7 +4,8 @@
 //! [`Refused::LeaseGone`] and changes nothing. Acking the frontier advances it past every
 //! contiguous acked offset; acking above it joins the acked-ahead set, refused with
 //! [`Refused::AckedAheadFull`] when that set is at its limit. Extend restarts the
-//! visibility window from now; nack ends the lease at once (the delivery count stays).
+//! visibility window from now, or ends the lease a given time from now ("retry later");
+//! nack ends the lease at once (the delivery count stays).
 //! Release (internal, never from a client) ends it as if it had not been granted: a
 //! consume that leased more than its response can carry gives the rest back this way.
 
@@ -17,6 +18,9 @@ pub enum Settle {
     Ack,
     /// Restart the visibility window from now.
     Extend,
+    /// End the lease this many milliseconds from now, whatever the visibility timeout:
+    /// "retry later" (SQS's ChangeMessageVisibility); the message comes back after it.
+    ExtendFor(u64),
     /// Make the message available again at once.
     Nack,
     /// Make the message available again at once and take back its delivery: the
@@ -66,12 +70,12 @@ pub fn settle(
             m.leases.remove(&o);
             m.acked_ahead.insert(o);
         }
-        Settle::Extend | Settle::Nack | Settle::Release => {
+        Settle::Extend | Settle::ExtendFor(_) | Settle::Nack | Settle::Release => {
             if let Some(l) = m.leases.get_mut(&o) {
-                l.deadline_ms = if action == Settle::Extend {
-                    now + rules.visibility_timeout_ms
-                } else {
-                    0
+                l.deadline_ms = match action {
+                    Settle::Extend => now + rules.visibility_timeout_ms,
+                    Settle::ExtendFor(ms) if ms > 0 => now.saturating_add(ms),
+                    _ => 0,
                 };
                 if action == Settle::Release {
                     l.delivery_count = l.delivery_count.saturating_sub(1);
@@ -100,6 +104,21 @@ mod tests {
         settle(&mut m, 10, &rules(), 0, 7, Settle::Ack).unwrap();
         assert_eq!(m.frontier, 3);
         assert!(m.acked_ahead.is_empty() && m.leases.is_empty());
+    }
+
+    #[test]
+    fn extend_for_sets_the_lease_end_from_now_and_keeps_the_delivery_count() {
+        let mut m = manifest_with(2);
+        leased(&mut m, &[0], 7, 1000);
+        settle(&mut m, 100, &rules(), 0, 7, Settle::ExtendFor(30_000)).unwrap();
+        assert_eq!(m.leases[&0].deadline_ms, 30_100);
+        assert_eq!(m.leases[&0].delivery_count, 1);
+        assert!(!m.is_available(0, 30_099) && m.is_available(0, 30_100));
+        // Shorter than what is left is allowed too: the message comes back sooner.
+        settle(&mut m, 200, &rules(), 0, 7, Settle::ExtendFor(10)).unwrap();
+        assert_eq!(m.leases[&0].deadline_ms, 210);
+        settle(&mut m, 205, &rules(), 0, 7, Settle::ExtendFor(0)).unwrap();
+        assert!(m.is_available(0, 205), "0 gives it back at once, as nack");
     }
 
     #[test]

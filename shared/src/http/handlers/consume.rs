@@ -16,6 +16,9 @@ use crate::http::limits::MAX_CONSUME_BATCH;
 use crate::http::views::{MessageList, MessageView};
 use crate::http::{ApiError, AppState};
 
+/// Set to `true` on a 204 from a paused topic.
+pub const PAUSED_HEADER: &str = "narad-paused";
+
 /// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]][&max=N]`: 200
 /// with one message and its receipt handle, or 204; with `offset`, a read-only replay;
 /// with `max`, up to that many messages as `{"messages":[...]}`.
@@ -60,6 +63,13 @@ pub(in crate::http) async fn consume(
         }
     };
     if deliveries.is_empty() {
+        // A consumer told why nothing came: the topic is paused (its settings as this
+        // process has them, at most the topic cache's age old).
+        let paused =
+            offset.is_none() && s.broker.topic(&name).await.is_ok_and(|t| t.settings.paused);
+        if paused {
+            return Ok((StatusCode::NO_CONTENT, [(PAUSED_HEADER, "true")]).into_response());
+        }
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let mut views: Vec<MessageView> = deliveries.into_iter().map(MessageView::from).collect();

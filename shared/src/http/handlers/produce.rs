@@ -13,7 +13,7 @@ use crate::access::Action;
 use crate::broker::NewMessage;
 use crate::http::auth::{allow, Caller};
 use crate::http::batch_body::parse_produce_batch;
-use crate::http::extract::{check_message, read_body, topic_name, Query};
+use crate::http::extract::{check_message, message_headers, read_body, topic_name, Query};
 use crate::http::limits::MAX_BATCH_BODY;
 use crate::http::views::{BatchResults, EntryResult};
 use crate::http::{ApiError, AppState};
@@ -46,6 +46,7 @@ pub(in crate::http) async fn one(
         key,
         payload,
         idempotency_key,
+        headers: message_headers(&headers)?,
     };
     let produced = s.broker.produce(&name, msg).await?;
     Ok((StatusCode::CREATED, Json(produced)).into_response())

@@ -125,3 +125,42 @@ pub(in crate::http) async fn delete(
     s.broker.delete_topic(&name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
+
+/// `POST /v1/topics/{topic}/purge`: remove every retained message (available and in
+/// flight); outstanding receipt handles then get 410. Answers `{"purged": N}`.
+pub(in crate::http) async fn purge(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    path: TopicPath,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    allow(&caller, Action::Admin, &name)?;
+    Query::parse(raw, &[])?;
+    let purged = s.broker.purge_topic(&name).await?;
+    Ok(Json(serde_json::json!({ "purged": purged })).into_response())
+}
+
+/// `POST /v1/topics/{dlq}/redrive[?max=N]`: move up to N (1000 at most and by default)
+/// dead letters back to the topics they came from. Answers `{"moved": M, "failed": F}`.
+pub(in crate::http) async fn redrive(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    path: TopicPath,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    allow(&caller, Action::Admin, &name)?;
+    let q = Query::parse(raw, &["max"])?;
+    let max = q
+        .number::<usize>("max")?
+        .unwrap_or(crate::broker::MAX_REDRIVE);
+    if max == 0 || max > crate::broker::MAX_REDRIVE {
+        return Err(ApiError::bad_request(format!(
+            "max must be between 1 and {}",
+            crate::broker::MAX_REDRIVE
+        )));
+    }
+    let done = s.broker.redrive(&name, max).await?;
+    Ok(Json(done).into_response())
+}
