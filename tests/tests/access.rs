@@ -315,3 +315,78 @@ async fn twenty_bad_passwords_from_one_address_get_429() {
     assert_eq!(r.status(), StatusCode::OK, "another address");
     p.kill().await;
 }
+
+/// `/metrics` shows per-topic backlog only for the topics the caller holds a grant on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_topic_metrics_show_only_the_callers_topics() {
+    if narad_tests::skip_in_external_mode("a narad serve process with a users file") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = server(&dir).await;
+    let http = reqwest::Client::new();
+    let metrics = |user: &'static str, pass: &'static str| {
+        let (http, base) = (http.clone(), p.base.clone());
+        async move {
+            let r = http
+                .get(format!("{base}/metrics"))
+                .basic_auth(user, Some(pass))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            r.text().await.unwrap()
+        }
+    };
+    let root = Client {
+        http: http.clone(),
+        base: p.base.clone(),
+        user: USER,
+        pass: PASS,
+    };
+    for t in ["orders-eu", "payroll"] {
+        root.call(Method::PUT, &format!("/v1/topics/{t}"), "{}")
+            .await;
+        for i in 0..3 {
+            root.call(
+                Method::POST,
+                &format!("/v1/topics/{t}/produce"),
+                &format!("m{i}"),
+            )
+            .await;
+        }
+    }
+    let (s, _) = root
+        .call(Method::GET, "/v1/topics/orders-eu/consume", "")
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let all = metrics(USER, PASS).await;
+    assert!(
+        all.contains("narad_topic_backlog_messages{topic=\"orders-eu\"} 2"),
+        "{all}"
+    );
+    assert!(
+        all.contains("narad_topic_in_flight_messages{topic=\"orders-eu\"} 1"),
+        "{all}"
+    );
+    assert!(
+        all.contains("narad_topic_backlog_messages{topic=\"payroll\"} 3"),
+        "{all}"
+    );
+    assert!(
+        all.contains("narad_topic_oldest_unsettled_age_seconds{topic=\"payroll\"}"),
+        "{all}"
+    );
+    let alices = metrics("alice", "alice-pw").await;
+    assert!(alices.contains("topic=\"orders-eu\""), "{alices}");
+    assert!(
+        !alices.contains("payroll"),
+        "alice holds no grant on payroll: {alices}"
+    );
+    let bobs = metrics("bob", "bob-pw").await;
+    assert!(
+        !bobs.contains("topic=\""),
+        "bob holds no grant at all: {bobs}"
+    );
+    p.kill().await;
+}

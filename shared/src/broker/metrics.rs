@@ -1,12 +1,21 @@
 //! `GET /metrics`: this process's counters in the Prometheus text format (storage
 //! requests by operation and outcome, commits, operations per commit, conflicts,
-//! long-poll waiters, dead-lettered messages). No topic names or payloads.
+//! long-poll waiters, dead-lettered messages), and per topic this process serves its
+//! backlog, in-flight count and the age of its oldest unsettled message
+//! ([`Broker::topic_metrics`]). No payloads; topic names only where the caller may see them.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::Broker;
 use crate::store::metered::{OPS, OUTCOMES};
+
+/// One topic's figures for `/metrics`: backlog, in flight, oldest unsettled age in ms (if
+/// known).
+type TopicFigures = (u64, u64, Option<u64>);
+
+/// One per-topic series: name, help, and its value from a topic's figures.
+type Series = (&'static str, &'static str, fn(&TopicFigures) -> Option<f64>);
 
 impl Broker {
     /// Counters in the Prometheus text format: storage requests by operation and outcome,
@@ -89,6 +98,61 @@ impl Broker {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
+        }
+        out
+    }
+
+    /// Per topic this process has committed to or read (its cached snapshots, no storage
+    /// request), for the topics `visible` admits: `narad_topic_backlog_messages` (unsettled,
+    /// no live lease), `narad_topic_in_flight_messages`, and
+    /// `narad_topic_oldest_unsettled_age_seconds` where the frontier message's segment is
+    /// cached here (else absent). Values are as of this process's last commit or read of
+    /// each partition.
+    pub fn topic_metrics(&self, visible: impl Fn(&str) -> bool) -> String {
+        let now = self.clock.now_ms();
+        let mut topics: std::collections::BTreeMap<String, TopicFigures> =
+            std::collections::BTreeMap::new();
+        for s in self.committer.summaries() {
+            if !visible(&s.topic) {
+                continue;
+            }
+            let age = s.frontier_segment.as_ref().and_then(|seg| {
+                let key = crate::keys::segment(&s.topic, s.partition, &seg.id);
+                let cached = self.segments.get(&key)?;
+                let i = usize::try_from(s.frontier.checked_sub(seg.base_offset)?).ok()?;
+                Some(now.saturating_sub(cached.messages.get(i)?.produced_at_ms))
+            });
+            let e = topics.entry(s.topic).or_insert((0, 0, None));
+            e.0 += s.available;
+            e.1 += s.in_flight;
+            e.2 = e.2.max(age);
+        }
+        let mut out = String::new();
+        let series: [Series; 3] = [
+            (
+                "narad_topic_backlog_messages",
+                "Unsettled messages with no live lease, per topic, as this process last saw it.",
+                |v| Some(v.0 as f64),
+            ),
+            (
+                "narad_topic_in_flight_messages",
+                "Live leases per topic, as this process last saw it.",
+                |v| Some(v.1 as f64),
+            ),
+            (
+                "narad_topic_oldest_unsettled_age_seconds",
+                "Age of the oldest unsettled message per topic (where this process has it cached).",
+                |v| v.2.map(|ms| ms as f64 / 1000.0),
+            ),
+        ];
+        for (name, help, value) in series {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (topic, v) in &topics {
+                // Topic names are [A-Za-z0-9._-]: nothing to escape in a label value.
+                if let Some(x) = value(v) {
+                    let _ = writeln!(out, "{name}{{topic=\"{topic}\"}} {x}");
+                }
+            }
         }
         out
     }

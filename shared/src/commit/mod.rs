@@ -89,6 +89,24 @@ impl Caches {
     }
 }
 
+/// One partition as the snapshot this process holds shows it ([`Committer::summaries`]).
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// Unsettled messages with no live lease.
+    pub available: u64,
+    /// Live leases.
+    pub in_flight: u64,
+    /// Lowest unsettled offset.
+    pub frontier: u64,
+    /// The hot segment holding the frontier message, when there is one and the manifest
+    /// names it directly.
+    pub frontier_segment: Option<crate::partition::SegmentRef>,
+}
+
 /// A partition as [`Committer::peek`] sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peek {
@@ -339,6 +357,44 @@ impl Committer {
         let (tx, rx) = oneshot::channel();
         self.enqueue(topic, partition, Op::Purge(tx));
         answer(rx).await
+    }
+
+    /// What this process's cached snapshots show of every partition it has committed to
+    /// or read, newest incarnation of each topic only; no storage request. A snapshot is as
+    /// old as this process's last commit or read of that partition.
+    pub fn summaries(&self) -> Vec<Summary> {
+        let now = self.clock.now_ms();
+        let queues: Vec<Arc<Queue>> = lock(&self.queues).values().cloned().collect();
+        let mut newest: HashMap<String, String> = HashMap::new();
+        for q in &queues {
+            let e = newest.entry(q.topic.clone()).or_default();
+            if q.incarnation > *e {
+                e.clone_from(&q.incarnation);
+            }
+        }
+        let mut out = Vec::new();
+        for q in queues {
+            if newest.get(&q.topic) != Some(&q.incarnation) {
+                continue;
+            }
+            let st = lock(&q.state);
+            let Some(snap) = &st.cache else { continue };
+            let m = &snap.value;
+            let in_flight = m.in_flight(now) as u64;
+            let unsettled = m.next_offset - m.frontier;
+            out.push(Summary {
+                topic: q.topic.clone(),
+                partition: q.partition,
+                available: unsettled.saturating_sub(in_flight + m.acked_ahead.len() as u64),
+                in_flight,
+                frontier: m.frontier,
+                frontier_segment: (unsettled > 0)
+                    .then(|| m.hot_segment_of(m.frontier).cloned())
+                    .flatten(),
+            });
+        }
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
     }
 
     /// Queues `op` and makes sure a task is draining the queue.

@@ -262,6 +262,12 @@ impl Manifest {
         }
     }
 
+    /// The hot segment holding `offset`, if it is one of the manifest's own (not behind
+    /// an index object).
+    pub fn hot_segment_of(&self, offset: u64) -> Option<&SegmentRef> {
+        hot_segment(&self.segments, offset)
+    }
+
     /// Removes every retained message, available, in flight or acked ahead (a purge):
     /// the partition then starts at `next_offset`, and every outstanding lease is gone.
     pub fn purge(&mut self) -> Dropped {

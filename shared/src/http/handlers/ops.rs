@@ -3,8 +3,9 @@
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
+use crate::http::auth::Caller;
 use crate::http::{ApiError, AppState};
 
 /// `GET /health`: 200 `{"status":"ok"}` (no auth).
@@ -62,14 +63,20 @@ pub(in crate::http) async fn console(uri: axum::http::Uri) -> Response {
         .into_response()
 }
 
-/// `GET /metrics`: Prometheus text format (auth like `/v1`; no topic names or payloads).
-pub(in crate::http) async fn metrics(State(s): State<AppState>) -> Response {
+/// `GET /metrics`: Prometheus text format (auth like `/v1`; no payloads; per-topic series
+/// only for the topics the caller holds a grant on).
+pub(in crate::http) async fn metrics(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    let mut text = s.broker.metrics_text();
+    text.push_str(&s.broker.topic_metrics(|t| caller.0.sees(t)));
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.broker.metrics_text(),
+        text,
     )
         .into_response()
 }
