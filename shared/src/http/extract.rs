@@ -132,9 +132,11 @@ pub(super) fn check_headers(at: &str, headers: &crate::segment::Headers) -> Resu
 }
 
 /// The message headers of a single produce: every `Narad-Header-<name>` HTTP header
-/// (names lowercase, as HTTP header names are case-insensitive), checked.
+/// (names lowercase, as HTTP header names are case-insensitive), checked. A repeated
+/// header is one value, its values joined by commas (RFC 9110 §5.3; API Gateway joins
+/// them so before Lambda sees the request).
 ///
-/// Errors: 400 for a repeated name, a value that is not UTF-8, or [`check_headers`].
+/// Errors: 400 for a value that is not visible ASCII, or [`check_headers`].
 pub(super) fn message_headers(http: &HeaderMap) -> Result<crate::segment::Headers, ApiError> {
     let mut out = crate::segment::Headers::new();
     for (name, value) in http {
@@ -144,12 +146,12 @@ pub(super) fn message_headers(http: &HeaderMap) -> Result<crate::segment::Header
         let value = value.to_str().map_err(|_| {
             ApiError::bad_request(format!("header {}: not visible ASCII", name.as_str()))
         })?;
-        if out.insert(short.to_owned(), value.to_owned()).is_some() {
-            return Err(ApiError::bad_request(format!(
-                "header {}: given more than once",
-                name.as_str()
-            )));
-        }
+        out.entry(short.to_owned())
+            .and_modify(|v: &mut String| {
+                v.push(',');
+                v.push_str(value);
+            })
+            .or_insert_with(|| value.to_owned());
     }
     check_headers("", &out)?;
     Ok(out)
