@@ -82,6 +82,10 @@ async fn headers_travel_with_their_message() {
     let replayed = s.consume("h", "partition=0&offset=0").await.unwrap();
     assert_eq!(replayed["headers"]["trace-id"], "abc-123");
     // A repeated header is one value, joined by commas (as HTTP and API Gateway have it).
+    // Behind a front the front decides (cargo lambda's emulator keeps only the first).
+    if narad_tests::external_url().is_some() {
+        return;
+    }
     let r = s
         .req(Method::POST, "/v1/topics/h/produce")
         .header("Narad-Header-Twice", "1")
