@@ -229,6 +229,29 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| io::Error::other(format!("file store task failed: {e}")))?
 }
 
+/// The names of `dir`'s entries that `keep` accepts, leaving out the store's own
+/// `.tmp*` and lock files; none when `dir` does not exist.
+fn entries_of(
+    dir: &Path,
+    keep: impl Fn(&fs::DirEntry) -> io::Result<bool>,
+) -> io::Result<Vec<String>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let reserved = name.starts_with(".tmp") || name == LOCK_FILE;
+        if !reserved && keep(&entry)? {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
 fn io_err(e: io::Error) -> StoreError {
     StoreError::Other(Failure::caused_by(format!("file store: {e}"), e))
 }
@@ -307,21 +330,11 @@ impl Store for FileStore {
         let dir = self.root.join(prefix.trim_end_matches('/'));
         let after = after.to_owned();
         blocking(move || {
-            let entries = match fs::read_dir(&dir) {
-                Ok(e) => e,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-                Err(e) => return Err(e),
-            };
-            let mut names = Vec::new();
-            for entry in entries {
-                let entry = entry?;
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let reserved = name.starts_with(".tmp") || name == LOCK_FILE;
-                // A directory whose objects were all deleted holds no key.
-                if !reserved && entry.file_type()?.is_dir() && has_file(&entry.path())? {
-                    names.push(name);
-                }
-            }
+            // A directory whose objects were all deleted holds no key.
+            let names = entries_of(
+                &dir,
+                |e| Ok(e.file_type()?.is_dir() && has_file(&e.path())?),
+            )?;
             Ok(super::dir_page(names, &after, max))
         })
         .await
@@ -332,20 +345,7 @@ impl Store for FileStore {
         let dir = self.root.join(prefix.trim_end_matches('/'));
         let prefix = prefix.to_owned();
         blocking(move || {
-            let entries = match fs::read_dir(&dir) {
-                Ok(e) => e,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-                Err(e) => return Err(e),
-            };
-            let mut names = Vec::new();
-            for entry in entries {
-                let entry = entry?;
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let reserved = name.starts_with(".tmp") || name == LOCK_FILE;
-                if !reserved && entry.file_type()?.is_file() {
-                    names.push(name);
-                }
-            }
+            let mut names = entries_of(&dir, |e| Ok(e.file_type()?.is_file()))?;
             names.sort();
             names.truncate(super::MAX_LISTED_FILES);
             let mut out = Vec::with_capacity(names.len());
