@@ -50,6 +50,12 @@ pub enum BrokerError {
     /// The partition's acked-ahead window is full; ack the frontier message first.
     #[error("too many out-of-order acks are outstanding on this partition; retry later")]
     AckedAheadFull,
+    /// The partition holds as many runs of delayed messages as it may
+    /// ([`crate::partition::MAX_DELAYED_RUNS`]); retry when some are due.
+    #[error(
+        "this partition holds too many delayed messages; retry later or produce without a delay"
+    )]
+    DelayedFull,
     /// The replayed offset was deleted by retention.
     #[error("offset {0} has been deleted by retention")]
     OffsetExpired(u64),

@@ -78,6 +78,7 @@ async fn run(store: DynStore, faulty: Option<&Arc<FaultStore>>) -> (usize, usize
                     payload: Bytes::from(payload.clone()),
                     idempotency_key: None,
                     headers: Default::default(),
+                    delay_ms: 0,
                 };
                 match b.produce("c", msg).await {
                     Ok(p) => answered.push((payload, p.offset)),

@@ -183,6 +183,7 @@ async fn run_op(brokers: &[Broker], op: &Op) -> Outcome {
                     payload: Bytes::from(payload.clone()),
                     idempotency_key: keyed.then(|| format!("key-{payload}")),
                     headers: Default::default(),
+                    delay_ms: 0,
                 };
                 if let Ok(p) = brokers[i].produce("f", msg).await {
                     match got {

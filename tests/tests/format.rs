@@ -96,6 +96,7 @@ async fn a_format_1_store_reads_back_as_written() {
         payload: Bytes::from_static(b"{\"n\":3}"),
         idempotency_key: Some("k3".into()),
         headers: Default::default(),
+        delay_ms: 0,
     };
     let p = b.produce("orders", retry).await.unwrap();
     assert_eq!((p.partition, p.offset), (0, 3));
@@ -129,6 +130,7 @@ async fn a_format_1_store_reads_back_as_written() {
                 payload: Bytes::from_static(b"new"),
                 idempotency_key: None,
                 headers: Default::default(),
+                delay_ms: 0,
             },
         )
         .await

@@ -38,6 +38,7 @@ fn msg(s: &str) -> NewMessage {
         payload: Bytes::from(s.to_owned()),
         idempotency_key: None,
         headers: Default::default(),
+        delay_ms: 0,
     }
 }
 
@@ -158,6 +159,7 @@ async fn compaction_merges_small_segments_without_losing_anything() {
             payload: Bytes::from(format!("m{i}")),
             idempotency_key: None,
             headers: Default::default(),
+            delay_ms: 0,
         };
         b.produce("c", m).await.unwrap();
     }

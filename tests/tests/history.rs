@@ -37,6 +37,7 @@ fn msg(payload: String, key: Option<String>) -> NewMessage {
         payload: Bytes::from(payload),
         idempotency_key: key,
         headers: Default::default(),
+        delay_ms: 0,
     }
 }
 

@@ -42,6 +42,7 @@ fn message(text: &str) -> NewMessage {
         payload: Bytes::from(text.to_owned()),
         idempotency_key: None,
         headers: Default::default(),
+        delay_ms: 0,
     }
 }
 

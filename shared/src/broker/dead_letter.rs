@@ -82,6 +82,7 @@ impl Broker {
                 payload: Bytes::from(msg.payload),
                 idempotency_key: Some(format!("dlq-{id}")),
                 headers,
+                delay_ms: 0,
             };
             self.produce(&dlq, msg).await?;
         }

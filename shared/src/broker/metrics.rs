@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use super::Broker;
 use crate::store::metered::{OPS, OUTCOMES};
 
-/// One topic's figures for `/metrics`: backlog, in flight, oldest unsettled age in ms (if
-/// known).
-type TopicFigures = (u64, u64, Option<u64>);
+/// One topic's figures for `/metrics`: backlog, in flight, delayed, and the oldest
+/// unsettled age in ms (if known).
+type TopicFigures = (u64, u64, u64, Option<u64>);
 
 /// One per-topic series: name, help, and its value from a topic's figures.
 type Series = (&'static str, &'static str, fn(&TopicFigures) -> Option<f64>);
@@ -104,8 +104,8 @@ impl Broker {
 
     /// Per topic this process has committed to or read (its cached snapshots, no storage
     /// request), for the topics `visible` admits: `narad_topic_backlog_messages` (unsettled,
-    /// no live lease), `narad_topic_in_flight_messages`, and
-    /// `narad_topic_oldest_unsettled_age_seconds` where the frontier message's segment is
+    /// no live lease), `narad_topic_in_flight_messages`,
+    /// `narad_topic_delayed_messages`, and `narad_topic_oldest_unsettled_age_seconds` where the frontier message's segment is
     /// cached here (else absent). Values are as of this process's last commit or read of
     /// each partition.
     pub fn topic_metrics(&self, visible: impl Fn(&str) -> bool) -> String {
@@ -122,13 +122,14 @@ impl Broker {
                 let i = usize::try_from(s.frontier.checked_sub(seg.base_offset)?).ok()?;
                 Some(now.saturating_sub(cached.messages.get(i)?.produced_at_ms))
             });
-            let e = topics.entry(s.topic).or_insert((0, 0, None));
+            let e = topics.entry(s.topic).or_insert((0, 0, 0, None));
             e.0 += s.available;
             e.1 += s.in_flight;
-            e.2 = e.2.max(age);
+            e.2 += s.delayed;
+            e.3 = e.3.max(age);
         }
         let mut out = String::new();
-        let series: [Series; 3] = [
+        let series: [Series; 4] = [
             (
                 "narad_topic_backlog_messages",
                 "Unsettled messages with no live lease, per topic, as this process last saw it.",
@@ -140,9 +141,14 @@ impl Broker {
                 |v| Some(v.1 as f64),
             ),
             (
+                "narad_topic_delayed_messages",
+                "Messages produced with a delay not over yet, per topic, as this process last saw it.",
+                |v| Some(v.2 as f64),
+            ),
+            (
                 "narad_topic_oldest_unsettled_age_seconds",
                 "Age of the oldest unsettled message per topic (where this process has it cached).",
-                |v| v.2.map(|ms| ms as f64 / 1000.0),
+                |v| v.3.map(|ms| ms as f64 / 1000.0),
             ),
         ];
         for (name, help, value) in series {

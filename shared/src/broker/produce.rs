@@ -33,6 +33,8 @@ pub struct NewMessage {
     pub idempotency_key: Option<String>,
     /// Headers, returned on consume and replay.
     pub headers: Headers,
+    /// Not delivered before this many ms from its commit (0: at once).
+    pub delay_ms: u64,
 }
 
 /// Where a produced message landed.
@@ -122,6 +124,7 @@ impl Broker {
                     )
                     .with_headers(messages[i].headers.clone()),
                     idempotency_key: messages[i].idempotency_key.clone(),
+                    delay_ms: messages[i].delay_ms,
                 })
                 .collect();
             let (committer, topic) = (self.committer.clone(), topic.clone());

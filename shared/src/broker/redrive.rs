@@ -103,6 +103,7 @@ impl Broker {
             payload: d.payload,
             idempotency_key: Some(format!("redrive-{}", &id[..48])),
             headers,
+            delay_ms: 0,
         };
         self.produce(&source, msg)
             .await

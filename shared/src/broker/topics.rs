@@ -38,6 +38,8 @@ pub struct PartitionStats {
     pub in_flight: u64,
     /// Offsets acked above the frontier.
     pub acked_ahead: u64,
+    /// Messages produced with a delay that is not over yet (unsettled, not available).
+    pub delayed: u64,
     /// Retained segment objects (hot and indexed).
     pub segments: u64,
     /// Retained payload bytes.
@@ -333,8 +335,6 @@ impl Broker {
         let mut out = Vec::new();
         for p in 0..topic.settings.partitions {
             let m = self.read_manifest(topic, p).await?;
-            let in_flight = m.in_flight(now) as u64;
-            let acked = m.acked_ahead.len() as u64;
             let (oldest_unsettled_age_ms, oldest_available_age_ms) =
                 self.backlog_ages(topic, p, &m, now).await?;
             out.push(PartitionStats {
@@ -342,9 +342,10 @@ impl Broker {
                 start_offset: m.start_offset,
                 frontier: m.frontier,
                 next_offset: m.next_offset,
-                available: (m.next_offset - m.frontier).saturating_sub(in_flight + acked),
-                in_flight,
-                acked_ahead: acked,
+                available: m.available_count(now),
+                in_flight: m.in_flight(now) as u64,
+                acked_ahead: m.acked_ahead.len() as u64,
+                delayed: m.delayed_count(now),
                 segments: m.retained_segments(),
                 bytes: m.retained_bytes(),
                 version: m.version,

@@ -30,7 +30,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
 use crate::partition::combine::{self, Combinable, Status};
-use crate::partition::produce::Plan;
+use crate::partition::produce::{Plan, Unplaced};
 use crate::partition::{Layout, Manifest, Rules, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
 use crate::settings::TopicSettings;
@@ -66,10 +66,11 @@ impl Replies {
     /// Answers every caller with its own result; leases with the committed `layout`.
     fn answer(self, applied: Applied, refused: Option<&BrokerError>, layout: Arc<Layout>) {
         for (tx, r) in self.produced.into_iter().zip(applied.produced) {
-            let r = r.ok_or_else(|| {
-                refused.cloned().unwrap_or_else(|| {
+            let r = r.map_err(|why| match why {
+                Unplaced::DelayedFull => BrokerError::DelayedFull,
+                Unplaced::NoSegment => refused.cloned().unwrap_or_else(|| {
                     BrokerError::Internal("a produce found no segment and no refusal".into())
-                })
+                }),
             });
             let _ = tx.send(r);
         }
@@ -285,15 +286,16 @@ impl Change<Manifest> for BatchCommit<'_> {
     }
 }
 
-/// True when the batch has produces and none carries an idempotency key: its segment
-/// can be committed by any process ([`crate::partition::combine`]).
+/// True when the batch has produces and none carries an idempotency key or a delay: its
+/// segment can be committed by any process ([`crate::partition::combine`]), which knows
+/// nothing but the segment.
 pub(super) fn combinable(batch: &Batch) -> bool {
     !batch.produces.is_empty()
         && batch
             .produces
             .iter()
             .flatten()
-            .all(|m| m.idempotency_key.is_none())
+            .all(|m| m.idempotency_key.is_none() && m.delay_ms == 0)
 }
 
 impl BatchCommit<'_> {

@@ -100,6 +100,8 @@ pub struct Summary {
     pub available: u64,
     /// Live leases.
     pub in_flight: u64,
+    /// Messages not due yet (delayed produces).
+    pub delayed: u64,
     /// Lowest unsettled offset.
     pub frontier: u64,
     /// The hot segment holding the frontier message, when there is one and the manifest
@@ -380,13 +382,13 @@ impl Committer {
             let st = lock(&q.state);
             let Some(snap) = &st.cache else { continue };
             let m = &snap.value;
-            let in_flight = m.in_flight(now) as u64;
             let unsettled = m.next_offset - m.frontier;
             out.push(Summary {
                 topic: q.topic.clone(),
                 partition: q.partition,
-                available: unsettled.saturating_sub(in_flight + m.acked_ahead.len() as u64),
-                in_flight,
+                available: m.available_count(now),
+                in_flight: m.in_flight(now) as u64,
+                delayed: m.delayed_count(now),
                 frontier: m.frontier,
                 frontier_segment: (unsettled > 0)
                     .then(|| m.hot_segment_of(m.frontier).cloned())

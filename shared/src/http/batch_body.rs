@@ -34,6 +34,8 @@ struct BatchMessage {
     idempotency_key: Option<String>,
     #[serde(default)]
     headers: Option<crate::segment::Headers>,
+    #[serde(default)]
+    delay_ms: u64,
 }
 
 impl BatchMessage {
@@ -84,12 +86,18 @@ pub fn parse_produce_batch(body: &[u8]) -> Result<Vec<NewMessage>, ApiError> {
         )?;
         let headers = m.headers.unwrap_or_default();
         crate::http::extract::check_headers(&format!("messages[{i}]: "), &headers)?;
+        if m.delay_ms > crate::http::extract::MAX_DELAY_MS {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}]: delay_ms must be at most 43200000 (12 h)"
+            )));
+        }
         messages.push(NewMessage {
             idempotency_key: m.idempotency_key,
             partition: m.partition,
             key: m.key,
             payload,
             headers,
+            delay_ms: m.delay_ms,
         });
     }
     Ok(messages)

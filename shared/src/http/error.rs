@@ -100,6 +100,10 @@ impl From<BrokerError> for ApiError {
             BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),
             BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
             BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),
+            BrokerError::DelayedFull => Self {
+                retry_after: Some(5),
+                ..Self::new(S::TOO_MANY_REQUESTS, "too_many_delayed", msg)
+            },
             BrokerError::Contention | BrokerError::StaleTopic => Self::unavailable("busy", msg),
             BrokerError::Store(StoreError::Unavailable(failure)) => {
                 let source = std::error::Error::source(&failure).map(ToString::to_string);

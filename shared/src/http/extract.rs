@@ -80,6 +80,24 @@ pub fn parse_wait(v: &str) -> Result<Duration, ApiError> {
     Ok(d.min(Duration::from_secs(3600)))
 }
 
+/// The longest delay a produce may ask for (Cloudflare Queues' limit too).
+pub const MAX_DELAY_MS: u64 = 12 * 3600 * 1000;
+
+/// `delay` of a produce, in `wait`'s syntax, in ms: at most [`MAX_DELAY_MS`].
+///
+/// Errors: 400 for anything else.
+pub(super) fn parse_delay(v: &str) -> Result<u64, ApiError> {
+    let ms = parse_wait_uncapped(v)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
+        .filter(|&ms| ms <= MAX_DELAY_MS);
+    ms.ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "delay must be a duration up to 12h like 30s, 500ms or 5m, got {v:?}"
+        ))
+    })
+}
+
 /// A duration in `wait`'s syntax, not capped (the caller bounds it).
 ///
 /// Errors: the text is not such a duration.

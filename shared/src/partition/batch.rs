@@ -18,7 +18,7 @@ use super::compact::{self, Swap};
 use super::dedup::{self, Spill};
 use super::index::{self, Fold, Merge};
 use super::lease::{self, Cursor, Leased};
-use super::produce::{self, NewStored, Plan};
+use super::produce::{self, NewStored, Plan, Unplaced};
 use super::settle::{self, Refused, Settle};
 use super::{ChunkRef, Dropped, Manifest, Rules, SegmentRef};
 use crate::cas::Decision;
@@ -89,8 +89,8 @@ impl Batch {
 /// What each operation of a batch got, group by group, in the batch's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Applied {
-    /// Each produce's offsets; `None` when its segment write was refused.
-    pub produced: Vec<Option<Vec<u64>>>,
+    /// Each produce's offsets, or why it has none.
+    pub produced: Vec<Result<Vec<u64>, Unplaced>>,
     /// Each settle's result.
     pub settled: Vec<Result<(), Refused>>,
     /// Each lease request's grants.
@@ -166,6 +166,8 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     );
     let chunks_before = m.dedup_chunks.clone();
     m.expire_chunks(now);
+    // Like expired key chunks, due delays leave with a commit that writes anyway.
+    m.expire_delays(now);
     let spilled = upkeep.spill.as_ref().is_some_and(|s| dedup::spill(m, s));
     // Expired key chunks leave with a commit that writes anyway: dropping them alone is
     // not worth a write (and a refused settle must change nothing).
@@ -272,6 +274,13 @@ mod tests {
             .keys()
             .all(|&o| o >= m.frontier && o < m.next_offset));
         assert!(m.leases.keys().all(|o| !m.acked_ahead.contains(o)));
+        assert!(
+            m.delayed.windows(2).all(|w| w[0].to <= w[1].from)
+                && m.delayed
+                    .iter()
+                    .all(|d| d.from < d.to && d.to <= m.next_offset),
+            "delayed runs ordered, disjoint, within the partition: {m:?}"
+        );
         let mut expect = m.start_offset;
         for r in &m.indexes {
             assert_eq!(r.base_offset, expect, "indexes contiguous: {m:?}");
@@ -289,6 +298,7 @@ mod tests {
             .map(|_| NewStored {
                 message: StoredMessage::new(0, None, b"m".to_vec()),
                 idempotency_key: None,
+                delay_ms: 0,
             })
             .collect()
     }
@@ -368,7 +378,7 @@ mod tests {
             rules: r,
         });
         let a = applied(run(&mut m, 10, &batch));
-        assert_eq!(a.produced, vec![Some(vec![2])]);
+        assert_eq!(a.produced, vec![Ok(vec![2])]);
         assert_eq!(a.settled, vec![Ok(())]);
         // The ack freed one slot of two; the new message 2 takes it.
         let got: Vec<u64> = a.leased[0].grants.iter().map(|g| g.offset).collect();
@@ -487,7 +497,12 @@ mod tests {
                 let now = step * 10;
                 let mut batch = Batch::new(r);
                 if rng.gen_bool(0.5) {
-                    batch.produces.push(produce(rng.gen_range(1..3)));
+                    let mut msgs = produce(rng.gen_range(1..3));
+                    if rng.gen_bool(0.3) {
+                        msgs.iter_mut()
+                            .for_each(|m| m.delay_ms = rng.gen_range(1..200));
+                    }
+                    batch.produces.push(msgs);
                 }
                 for _ in 0..rng.gen_range(0..3) {
                     if let Some(&(offset, lease_id)) = handles.get(rng.gen_range(0..=handles.len()))
@@ -527,6 +542,12 @@ mod tests {
                         g.offset
                     );
                     assert!(!before.acked_ahead.contains(&g.offset) && g.offset >= before.frontier);
+                    assert!(
+                        m.delayed_until(g.offset, now).is_none()
+                            && before.delayed_until(g.offset, now).is_none(),
+                        "seed {seed}: offset {} leased before its delay was over",
+                        g.offset
+                    );
                     handles.push((g.offset, g.lease_id));
                 }
                 check_invariants(&m);
@@ -599,9 +620,9 @@ mod tests {
                     }
                     match combine::status(&before, &own.id) {
                         Status::Dead | Status::Unknown => {
-                            assert_eq!(a.produced, vec![None], "seed {seed}")
+                            assert_eq!(a.produced, vec![Err(Unplaced::NoSegment)], "seed {seed}")
                         }
-                        _ => assert!(a.produced[0].is_some(), "seed {seed}"),
+                        _ => assert!(a.produced[0].is_ok(), "seed {seed}"),
                     }
                     old_states.push(m.clone());
                 }

@@ -123,19 +123,16 @@ pub fn lease(
 
 /// When a lease request on `m` could next get anything, if the manifest does not change
 /// meanwhile: `None` when it could now; else `Some(t)`, the earliest deadline of a live
-/// lease (`u64::MAX` when none is live), before which nothing can be granted. An idle
-/// waiter skips the partition until then (`broker/watch.rs`).
+/// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
+/// granted. An idle waiter skips the partition until then (`broker/watch.rs`).
 pub fn quiet_until(m: &Manifest, now: u64, rules: &Rules) -> Option<u64> {
     if Cursor::new(m, now).pick(m, now, rules).is_some() {
         return None;
     }
-    let next_lapse = m
-        .leases
-        .values()
-        .map(|l| l.deadline_ms)
-        .filter(|&d| d > now)
-        .min();
-    Some(next_lapse.unwrap_or(u64::MAX))
+    let lapses = m.leases.values().map(|l| l.deadline_ms);
+    let due = m.delayed.iter().map(|d| d.until_ms);
+    let next = lapses.chain(due).filter(|&d| d > now).min();
+    Some(next.unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -248,6 +245,32 @@ mod tests {
             Some(500),
             "flow control holds the rest"
         );
+    }
+
+    #[test]
+    fn a_delayed_message_is_not_leased_before_its_time_and_counts_in_no_flow_control() {
+        let mut m = manifest_with(3);
+        m.delay(0, 2, 500);
+        let r = Rules {
+            max_in_flight: 1,
+            ..rules()
+        };
+        assert_eq!(m.in_flight(10), 0, "a delayed message is not in flight");
+        assert_eq!(m.delayed_count(10), 2);
+        assert_eq!(offsets(&lease_now(&mut m, 10, &r, 3)), vec![2]);
+        assert_eq!(quiet_until(&m, 10, &r), Some(500));
+        // The acked-ahead window full behind a delayed frontier: nothing until it is due.
+        let mut w = manifest_with(3);
+        w.delay(0, 1, 500);
+        w.acked_ahead.insert(1);
+        let one = Rules {
+            max_acked_ahead: 1,
+            ..rules()
+        };
+        assert!(lease_now(&mut w, 10, &one, 3).grants.is_empty());
+        assert_eq!(quiet_until(&w, 10, &one), Some(500));
+        assert_eq!(offsets(&lease_now(&mut w, 500, &one, 3)), vec![0]);
+        assert_eq!(w.delayed_count(500), 0);
     }
 
     #[test]

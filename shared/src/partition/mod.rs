@@ -80,12 +80,22 @@ impl From<&TopicSettings> for Rules {
     }
 }
 
-/// The manifest format this code writes. Format 1 (no `format` field, no `indexes`),
-/// format 2 (no combining fields) and format 3 (no checksum trailer, [`crate::cas::seal_json`])
-/// are read as well and rewritten as format 4 by the next commit. A version that reads only
-/// format 2 refuses format 3 rather than drop `combined_through` (which would let a segment
-/// land twice); one that reads only format 3 refuses format 4 at its trailer.
-pub const MANIFEST_FORMAT: u32 = 4;
+/// The newest manifest format this code reads and writes. Format 1 (no `format` field, no
+/// `indexes`), format 2 (no combining fields) and format 3 (no checksum trailer,
+/// [`crate::cas::seal_json`]) are read as well and rewritten by the next commit. A version
+/// that reads only format 2 refuses format 3 rather than drop `combined_through` (which
+/// would let a segment land twice); one that reads only format 3 refuses format 4 at its
+/// trailer. Format 5 adds `delayed`, and is written only while the partition holds delayed
+/// messages (else format 4, byte for byte): a version that reads only format 4 then refuses
+/// the manifest rather than deliver delayed messages early (docs/decisions.md).
+pub const MANIFEST_FORMAT: u32 = 5;
+
+/// The format written when no message is delayed ([`MANIFEST_FORMAT`]).
+const FORMAT_WITHOUT_DELAYS: u32 = 4;
+
+/// Runs of delayed offsets one partition holds at most: a produce that would need more is
+/// refused (429), which bounds the manifest (docs/design.md §6).
+pub const MAX_DELAYED_RUNS: usize = 1000;
 
 fn format_1() -> u32 {
     1
@@ -118,6 +128,31 @@ pub struct Lease {
     pub deadline_ms: u64,
     /// How many times the message has been delivered.
     pub delivery_count: u32,
+}
+
+/// Offsets `[from, to)` are not delivered before wall-clock ms `until_ms` (a delayed
+/// produce). Stored as a three-number JSON array to keep manifests small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(u64, u64, u64)", into = "(u64, u64, u64)")]
+pub struct Delayed {
+    /// First delayed offset.
+    pub from: u64,
+    /// One past the last.
+    pub to: u64,
+    /// Not delivered before this, wall-clock ms.
+    pub until_ms: u64,
+}
+
+impl From<(u64, u64, u64)> for Delayed {
+    fn from((from, to, until_ms): (u64, u64, u64)) -> Self {
+        Self { from, to, until_ms }
+    }
+}
+
+impl From<Delayed> for (u64, u64, u64) {
+    fn from(d: Delayed) -> Self {
+        (d.from, d.to, d.until_ms)
+    }
 }
 
 /// A partition's whole mutable state.
@@ -163,6 +198,10 @@ pub struct Manifest {
     /// The highest id that left `landed`.
     #[serde(default)]
     pub landed_floor: String,
+    /// Delayed offsets not yet due, ascending and disjoint (format 5; absent when none).
+    /// A delayed message is unsettled: it holds the frontier until delivered and acked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delayed: Vec<Delayed>,
 }
 
 impl Manifest {
@@ -185,7 +224,51 @@ impl Manifest {
             combined_through: String::new(),
             landed: VecDeque::new(),
             landed_floor: String::new(),
+            delayed: Vec::new(),
         }
+    }
+
+    /// The run of delayed offsets holding `offset` and not yet due at `now_ms`, if any.
+    pub fn delayed_until(&self, offset: u64, now_ms: u64) -> Option<u64> {
+        let i = self.delayed.partition_point(|d| d.from <= offset);
+        let d = self.delayed.get(i.checked_sub(1)?)?;
+        (offset < d.to && d.until_ms > now_ms).then_some(d.until_ms)
+    }
+
+    /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
+    /// could get, flow control aside.
+    pub fn available_count(&self, now_ms: u64) -> u64 {
+        let held = self.in_flight(now_ms) as u64
+            + self.acked_ahead.len() as u64
+            + self.delayed_count(now_ms);
+        (self.next_offset - self.frontier).saturating_sub(held)
+    }
+
+    /// Messages still delayed at `now_ms`.
+    pub fn delayed_count(&self, now_ms: u64) -> u64 {
+        self.delayed
+            .iter()
+            .filter(|d| d.until_ms > now_ms)
+            .map(|d| d.to.saturating_sub(d.from.max(self.frontier)))
+            .sum()
+    }
+
+    /// Delays `[from, to)` until `until_ms`, extending the last run when it ends at `from`
+    /// with the same time. Offsets are delayed as they are appended, so runs stay ordered.
+    pub fn delay(&mut self, from: u64, to: u64, until_ms: u64) {
+        match self.delayed.last_mut() {
+            Some(d) if d.to == from && d.until_ms == until_ms => d.to = to,
+            _ => self.delayed.push(Delayed { from, to, until_ms }),
+        }
+    }
+
+    /// Forgets runs that are due at `now_ms` or below the frontier; true if any left.
+    pub fn expire_delays(&mut self, now_ms: u64) -> bool {
+        let before = self.delayed.len();
+        let frontier = self.frontier;
+        self.delayed
+            .retain(|d| d.until_ms > now_ms && d.to > frontier);
+        self.delayed.len() != before
     }
 
     /// Leases still live at `now_ms`.
@@ -196,7 +279,8 @@ impl Manifest {
             .count()
     }
 
-    /// True when `offset` exists, is unsettled, and has no live lease at `now_ms`.
+    /// True when `offset` exists, is unsettled, has no live lease and is not delayed at
+    /// `now_ms`.
     pub fn is_available(&self, offset: u64, now_ms: u64) -> bool {
         offset >= self.frontier
             && offset < self.next_offset
@@ -205,6 +289,7 @@ impl Manifest {
                 .leases
                 .get(&offset)
                 .is_none_or(|l| l.deadline_ms <= now_ms)
+            && self.delayed_until(offset, now_ms).is_none()
     }
 
     /// Where the retained offset `offset` is described: a hot segment, or an index.
@@ -308,6 +393,7 @@ impl Manifest {
         let start = self.start_offset;
         self.leases.retain(|o, _| *o >= start);
         self.acked_ahead.retain(|o| *o >= start);
+        self.delayed.retain(|d| d.to > start);
         if self.frontier < start {
             self.frontier = start;
         }
@@ -443,6 +529,13 @@ impl Stored for Manifest {
     }
 
     fn stamp(&mut self, write_id: &str) -> bool {
+        // The oldest format that holds this content, so versions that cannot read
+        // delays refuse only manifests that have some.
+        self.format = if self.delayed.is_empty() {
+            FORMAT_WITHOUT_DELAYS
+        } else {
+            MANIFEST_FORMAT
+        };
         self.recent_writes.push_back(write_id.to_owned());
         while self.recent_writes.len() > RECENT_WRITES {
             self.recent_writes.pop_front();

@@ -6,10 +6,15 @@
 //! offset of its first occurrence. [`Plan::new`] decides this from the state a commit
 //! attempt starts from, so the segment written for that attempt holds exactly the new
 //! messages, and [`append`] gives them contiguous offsets in one segment.
+//!
+//! A message may be delayed: it gets its offset at once but is not delivered before its
+//! time ([`delay_due`]), kept as runs of offsets in the manifest. A produce whose delayed
+//! messages could need more runs than the partition has room for ([`MAX_DELAYED_RUNS`])
+//! is refused whole, before its segment is written ([`Unplaced::DelayedFull`]).
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Manifest, SegmentRef};
+use super::{Manifest, SegmentRef, MAX_DELAYED_RUNS};
 use crate::segment::StoredMessage;
 
 /// A message to append, with its optional idempotency key.
@@ -19,6 +24,27 @@ pub struct NewStored {
     pub message: StoredMessage,
     /// `Idempotency-Key`: a retry with the same key within the window appends nothing.
     pub idempotency_key: Option<String>,
+    /// Not delivered before this many ms from the commit (0: at once).
+    pub delay_ms: u64,
+}
+
+/// Why a produce got no offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unplaced {
+    /// Its segment write was refused, or its fate is unknown: the batch's refusal applies.
+    NoSegment,
+    /// The partition holds as many delayed runs as it may.
+    DelayedFull,
+}
+
+/// When a message produced at `now` with `delay_ms` becomes deliverable: rounded up to a
+/// step of 2% of the delay (100 ms to 60 s), so that messages produced close together
+/// share one run. Never earlier than asked.
+pub fn delay_due(now: u64, delay_ms: u64) -> u64 {
+    let step = (delay_ms / 50).clamp(100, 60_000);
+    now.saturating_add(delay_ms)
+        .div_ceil(step)
+        .saturating_mul(step)
 }
 
 /// Where one produced message goes.
@@ -30,6 +56,8 @@ enum Slot {
     Dup(u64),
     /// Same idempotency key as an earlier new message of this batch.
     Same(String),
+    /// Refused: no room for its delay.
+    Full,
 }
 
 /// The per-message plan of a batch's produces (one list of slots per produce).
@@ -53,9 +81,17 @@ impl Plan {
             n += 1;
             Slot::New(n - 1)
         };
+        // Each delayed message may start a run (an upper bound: runs merge).
+        let live = m.delayed.iter().filter(|d| d.until_ms > now).count();
+        let mut room = MAX_DELAYED_RUNS.saturating_sub(live);
         let slots = produces
             .iter()
             .map(|msgs| {
+                let runs = msgs.iter().filter(|msg| msg.delay_ms > 0).count();
+                if runs > room {
+                    return vec![Slot::Full; msgs.len()];
+                }
+                room -= runs;
                 msgs.iter()
                     .map(|msg| match &msg.idempotency_key {
                         Some(k) => match m.dedup_lookup(k, now).or_else(|| spilled(k)) {
@@ -119,9 +155,8 @@ pub fn place(m: &mut Manifest, segment: &SegmentRef) -> u64 {
 
 /// Answers the planned produces at `now`, their segment (holding the plan's new messages,
 /// in order) being at `base` (placed by [`place`], or landed by [`super::combine`]); new
-/// idempotency keys are remembered for `dedup_window_ms`. Returns each produce's offsets,
-/// in order; `None` for a produce with new messages when there is no segment (its write
-/// was refused, or its fate is unknown).
+/// idempotency keys are remembered for `dedup_window_ms`, new delayed messages join the
+/// manifest's delayed runs. Returns each produce's offsets, in order, or why it has none.
 pub fn append(
     m: &mut Manifest,
     now: u64,
@@ -129,12 +164,16 @@ pub fn append(
     produces: &[Vec<NewStored>],
     plan: &Plan,
     base: Option<u64>,
-) -> Vec<Option<Vec<u64>>> {
+) -> Vec<Result<Vec<u64>, Unplaced>> {
     let mut assigned: HashMap<&str, u64> = HashMap::new();
     let mut out = Vec::with_capacity(produces.len());
     for (i, (msgs, slots)) in produces.iter().zip(&plan.slots).enumerate() {
+        if slots.contains(&Slot::Full) {
+            out.push(Err(Unplaced::DelayedFull));
+            continue;
+        }
         if base.is_none() && plan.produce_needs_segment(i) {
-            out.push(None);
+            out.push(Err(Unplaced::NoSegment));
             continue;
         }
         // A produce that needs no segment holds only retries: no `New` slot reads it.
@@ -146,12 +185,20 @@ pub fn append(
                     m.dedup_insert(k, o, now + dedup_window_ms, now);
                     assigned.insert(k, o);
                 }
+                if msg.delay_ms > 0 {
+                    m.delay(o, o + 1, delay_due(now, msg.delay_ms));
+                }
                 Some(o)
             }
             Slot::Dup(o) => Some(*o),
             Slot::Same(k) => assigned.get(k.as_str()).copied(),
+            Slot::Full => None,
         });
-        out.push(offsets.collect());
+        out.push(
+            offsets
+                .collect::<Option<Vec<u64>>>()
+                .ok_or(Unplaced::NoSegment),
+        );
     }
     out
 }
@@ -169,6 +216,14 @@ mod tests {
         NewStored {
             message: StoredMessage::new(1, None, b"x".to_vec()),
             idempotency_key: key.map(str::to_owned),
+            delay_ms: 0,
+        }
+    }
+
+    fn delayed(ms: u64) -> NewStored {
+        NewStored {
+            delay_ms: ms,
+            ..msg(None)
         }
     }
 
@@ -190,7 +245,7 @@ mod tests {
         assert_eq!(plan.new_messages(&produces).len(), 3);
         let base = place(&mut m, &seg(3));
         let got = append(&mut m, 0, 100, &produces, &plan, Some(base));
-        assert_eq!(got, vec![Some(vec![3, 4]), Some(vec![5])]);
+        assert_eq!(got, vec![Ok(vec![3, 4]), Ok(vec![5])]);
         assert_eq!((m.next_offset, m.segments.len()), (6, 2));
         assert_eq!(m.segments[1].base_offset, 3);
     }
@@ -204,7 +259,7 @@ mod tests {
         assert_eq!(plan.new_messages(&produces).len(), 1);
         let base = place(&mut m, &seg(1));
         let got = append(&mut m, 10, 100, &produces, &plan, Some(base));
-        assert_eq!(got, vec![Some(vec![0, 1]), Some(vec![1])]);
+        assert_eq!(got, vec![Ok(vec![0, 1]), Ok(vec![1])]);
         assert_eq!(m.dedup_lookup("b", 10), Some(1));
         assert_eq!(m.dedup_lookup("b", 110), None, "forgotten after the window");
     }
@@ -226,7 +281,67 @@ mod tests {
         let plan = Plan::new(&produces, &m, 0, &none);
         let before = m.clone();
         let got = append(&mut m, 0, 100, &produces, &plan, None);
-        assert_eq!(got, vec![Some(vec![0]), None]);
+        assert_eq!(got, vec![Ok(vec![0]), Err(Unplaced::NoSegment)]);
         assert_eq!(m, before);
+    }
+
+    #[test]
+    fn delays_are_rounded_up_to_a_fiftieth_and_never_early() {
+        assert_eq!(delay_due(1_000, 30_000), 31_200);
+        assert_eq!(delay_due(1_050, 10), 1_100);
+        assert_eq!(delay_due(0, 43_200_000), 43_200_000);
+        assert_eq!(delay_due(1, 43_200_000), 43_260_000);
+        for (now, d) in [(7, 1), (123_456, 999), (5, 3_600_000)] {
+            let due = delay_due(now, d);
+            assert!(due >= now + d && due - (now + d) <= (d / 50).clamp(100, 60_000));
+        }
+    }
+
+    #[test]
+    fn delayed_messages_share_runs_and_a_produce_beyond_the_room_is_refused_whole() {
+        let mut m = manifest_with(1);
+        let produces = vec![vec![delayed(1000), delayed(1000), msg(None), delayed(1000)]];
+        let plan = Plan::new(&produces, &m, 0, &none);
+        let base = place(&mut m, &seg(4));
+        assert_eq!(
+            append(&mut m, 0, 100, &produces, &plan, Some(base)),
+            vec![Ok(vec![1, 2, 3, 4])]
+        );
+        let runs: Vec<_> = m.delayed.iter().map(|d| (d.from, d.to)).collect();
+        assert_eq!(runs, vec![(1, 3), (4, 5)]);
+        assert_eq!(m.delayed_count(0), 3);
+        assert!(m.is_available(3, 0) && !m.is_available(4, 0));
+
+        m.delayed = (0..MAX_DELAYED_RUNS as u64 - 1)
+            .map(|i| super::super::Delayed {
+                from: 100 + 2 * i,
+                to: 101 + 2 * i,
+                until_ms: 5000,
+            })
+            .collect();
+        let produces = vec![
+            vec![delayed(10), delayed(10)],
+            vec![delayed(10)],
+            vec![msg(None)],
+        ];
+        let plan = Plan::new(&produces, &m, 0, &none);
+        assert_eq!(
+            plan.new_messages(&produces).len(),
+            2,
+            "the first produce is out"
+        );
+        let base = place(&mut m, &seg(2));
+        let got = append(&mut m, 0, 100, &produces, &plan, Some(base));
+        assert_eq!(
+            got,
+            vec![Err(Unplaced::DelayedFull), Ok(vec![5]), Ok(vec![6])]
+        );
+        // Runs that are due no longer take room.
+        assert!(
+            Plan::new(&produces, &m, 5000, &none)
+                .new_messages(&produces)
+                .len()
+                == 4
+        );
     }
 }
