@@ -16,7 +16,7 @@
 //! 6. [`store`]: the storage trait and its backends (file, memory, S3, metered).
 //!
 //! Beside the flow: [`access`] (users, password hashes, per-topic grants), [`maintenance`] (gc and compaction, through the broker's API),
-//! [`topic`], [`segment`], [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
+//! [`topic`], [`segment`], [`objects`] (reading segments and index objects through the caches), [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
 //! [`config`] (configuration from the environment) and [`error`].
 
 pub mod access;
@@ -30,6 +30,7 @@ pub mod error;
 pub mod http;
 pub mod keys;
 pub mod maintenance;
+pub mod objects;
 pub mod partition;
 pub mod payload;
 pub mod receipt;

@@ -10,6 +10,8 @@
 //! | `dedup_window_ms` | 5 min | 1 s – 1 day | yes |
 //! | `max_deliveries` | 0 (no limit) | 0–1000 | yes |
 //! | `dead_letter_topic` | none | a topic name; `""` clears it | yes |
+//! | `paused` | false | true, false | yes |
+//! | `ordering` | `"none"` | `"none"`, `"key"` | yes |
 //!
 //! `max_deliveries` needs a `dead_letter_topic`: a message is never dropped silently.
 //!
@@ -46,6 +48,21 @@ pub struct TopicSettings {
     /// wait); produce, ack, extend, nack and replay work as usual.
     #[serde(default)]
     pub paused: bool,
+    /// `"key"`: within a partition, a message is not delivered while an earlier message
+    /// with the same key is unsettled (docs/design.md §5).
+    #[serde(default)]
+    pub ordering: Ordering,
+}
+
+/// Delivery order within a partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ordering {
+    /// Lowest available offset first, whatever the keys.
+    #[default]
+    None,
+    /// Per key: a message waits while an earlier one with its key is unsettled.
+    Key,
 }
 
 fn default_dedup_window() -> u64 {
@@ -64,6 +81,7 @@ impl Default for TopicSettings {
             max_deliveries: 0,
             dead_letter_topic: None,
             paused: false,
+            ordering: Ordering::None,
         }
     }
 }
@@ -90,6 +108,8 @@ pub struct SettingsInput {
     pub dead_letter_topic: Option<String>,
     /// See [`TopicSettings::paused`].
     pub paused: Option<bool>,
+    /// See [`TopicSettings::ordering`].
+    pub ordering: Option<Ordering>,
 }
 
 /// A setting out of range, or an attempt to change a fixed one.
@@ -158,6 +178,9 @@ impl SettingsInput {
         }
         if let Some(v) = self.paused {
             s.paused = v;
+        }
+        if let Some(v) = self.ordering {
+            s.ordering = v;
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Reading messages: find an offset's segment (a hot segment of the layout, or through
-//! index objects for older offsets), read segments once per process through byte-bounded
-//! caches, several at a time, and read ahead of a consumer far behind its producers (the
+//! index objects for older offsets, [`crate::objects`]), read segments once per process
+//! through byte-bounded caches, several at a time, and read ahead of a consumer far behind its producers (the
 //! next segments ride along a read that has to happen anyway).
 //!
 //! Segments and index objects are immutable, so cached copies never go stale; a message
@@ -12,27 +12,22 @@ use std::sync::Arc;
 use super::Broker;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::partition::index::{Entries, Found, Index};
-use crate::partition::{Layout, Located, SegmentRef};
-use crate::segment::{Segment, SegmentCache, StoredMessage};
-use crate::store::DynStore;
+use crate::objects::{fetch_segment, Reader};
+use crate::partition::index::{Entries, Index};
+use crate::partition::{Layout, SegmentRef};
+use crate::segment::{Segment, StoredMessage};
 
 /// Segments read ahead of the last one a consume read.
 pub const READ_AHEAD_SEGMENTS: usize = 8;
 /// Most payload bytes one read-ahead fetches.
 pub const READ_AHEAD_BYTES: u64 = 8 << 20;
 
-/// Reads one segment through the cache; `None` if it is gone.
-async fn fetch_segment(
-    store: &DynStore,
-    cache: &SegmentCache,
-    key: String,
-) -> BrokerResult<Option<Arc<Segment>>> {
-    let decode = |d: &[u8]| Segment::decode(d).map_err(|e| e.to_string());
-    Ok(cache.read_through(&**store, &key, decode).await?)
-}
-
 impl Broker {
+    /// Reads through this process's caches.
+    pub(crate) fn reader(&self) -> Reader<'_> {
+        Reader::new(&self.store, &self.segments, &self.indexes)
+    }
+
     /// A whole segment, from the cache or the store; `None` if it is gone.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
@@ -42,8 +37,7 @@ impl Broker {
         partition: u32,
         id: &str,
     ) -> BrokerResult<Option<Arc<Segment>>> {
-        let key = keys::segment(topic, partition, id);
-        fetch_segment(&self.store, &self.segments, key).await
+        self.reader().segment(topic, partition, id).await
     }
 
     /// An index object, from the cache or the store; `None` if it is gone.
@@ -55,44 +49,7 @@ impl Broker {
         partition: u32,
         id: &str,
     ) -> BrokerResult<Option<Arc<Index>>> {
-        let key = keys::index(topic, partition, id);
-        Ok(self
-            .indexes
-            .read_through(&*self.store, &key, Index::decode)
-            .await?)
-    }
-
-    /// The segment holding `offset` per `layout` (through index objects for older
-    /// offsets), with the level-0 index it was found in, if any; `None` if it is gone.
-    ///
-    /// Errors: store failures, [`BrokerError::Corrupt`].
-    pub async fn segment_of(
-        &self,
-        topic: &str,
-        partition: u32,
-        layout: &Layout,
-        offset: u64,
-    ) -> BrokerResult<Option<(SegmentRef, Option<Arc<Index>>)>> {
-        let mut index = match layout.locate(offset) {
-            None => return Ok(None),
-            Some(Located::Hot(s)) => return Ok(Some((s.clone(), None))),
-            Some(Located::Indexed(r)) => r.clone(),
-        };
-        loop {
-            let Some(loaded) = self.load_index(topic, partition, &index.id).await? else {
-                return Ok(None);
-            };
-            match loaded.find(offset) {
-                Some(Found::Segment(s)) => return Ok(Some((s.clone(), Some(loaded.clone())))),
-                Some(Found::Index(r)) => index = r.clone(),
-                None => {
-                    return Err(BrokerError::Corrupt(format!(
-                        "index {} does not cover offset {offset}",
-                        index.id
-                    )))
-                }
-            }
-        }
+        self.reader().index(topic, partition, id).await
     }
 
     /// The messages at `offsets` (each `None` if retention removed it): their segments
@@ -112,7 +69,10 @@ impl Broker {
         let mut wanted: BTreeMap<String, SegmentRef> = BTreeMap::new();
         let mut last = None;
         for &o in offsets {
-            let found = self.segment_of(topic, partition, layout, o).await?;
+            let found = self
+                .reader()
+                .segment_of(topic, partition, layout, o)
+                .await?;
             if let Some((seg, index)) = &found {
                 wanted.insert(seg.id.clone(), seg.clone());
                 if last

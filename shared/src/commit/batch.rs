@@ -23,6 +23,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::combine::{Head, Ready};
+use super::ordering::KEY_ROUNDS;
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
@@ -30,6 +31,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
 use crate::partition::combine::{self, Combinable, Status};
+use crate::partition::lease::Keys;
 use crate::partition::produce::{Plan, Unplaced};
 use crate::partition::{Layout, Manifest, Rules, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
@@ -184,6 +186,8 @@ struct BatchCommit<'a> {
     attempts: u32,
     /// Where this batch's segment landed, found in an index object by `prepare`.
     found_at: Option<u64>,
+    /// Message keys read for per-key ordering (facts, kept across attempts).
+    keys: Keys,
 }
 
 impl Change<Manifest> for BatchCommit<'_> {
@@ -263,6 +267,9 @@ impl Change<Manifest> for BatchCommit<'_> {
             after.apply_retention(self.now, self.batch.rules.retention_ms);
             self.upkeeper.prepare(self.committer, self.q, &after).await;
         }
+        if self.batch.leases.iter().any(|op| op.rules.ordered) {
+            self.read_keys(state).await;
+        }
     }
 
     fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
@@ -279,6 +286,7 @@ impl Change<Manifest> for BatchCommit<'_> {
             found_at: self.found_at,
             foreign: &self.foreign,
             upkeep: &self.upkeeper.upkeep,
+            keys: &self.keys,
         };
         let d = batch::apply(m, self.now, &self.batch, written);
         self.wrote = matches!(d, Decision::Commit(_));
@@ -299,6 +307,34 @@ pub(super) fn combinable(batch: &Batch) -> bool {
 }
 
 impl BatchCommit<'_> {
+    /// Per-key ordering: runs this attempt's batch on a copy of `state` and reads the keys
+    /// its leases stopped at, until they stop nowhere or [`KEY_ROUNDS`] are spent.
+    async fn read_keys(&mut self, state: &Manifest) {
+        let layout = state.layout();
+        for _ in 0..KEY_ROUNDS {
+            let Some(plan) = &self.plan else { return };
+            let written = Written {
+                plan,
+                segment: self.segment.as_ref(),
+                found_at: self.found_at,
+                foreign: &self.foreign,
+                upkeep: &self.upkeeper.upkeep,
+                keys: &self.keys,
+            };
+            let mut probe = state.clone();
+            let wants = match batch::apply(&mut probe, self.now, &self.batch, written) {
+                Decision::Commit(a) | Decision::Keep(a) => a.wants_key,
+            };
+            let Some(from) = wants else { return };
+            let read = self
+                .committer
+                .read_keys(self.q, &layout, from, &mut self.keys);
+            if !read.await {
+                return;
+            }
+        }
+    }
+
     /// If this batch's combinable segment is dead in `state` (it can never land), forgets
     /// it so that `prepare` writes the messages again under a new id; if its fate can no
     /// longer be told, refuses the batch (503: the outcome is unknown). Returns whether
@@ -408,6 +444,7 @@ impl Committer {
             listed_at: None,
             attempts: 0,
             found_at: None,
+            keys: Keys::default(),
         };
         if let Some(h) = head {
             change.segment = h.segment;

@@ -21,6 +21,7 @@
 
 mod batch;
 mod combine;
+mod ordering;
 mod upkeep;
 pub mod wake;
 

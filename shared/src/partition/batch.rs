@@ -17,7 +17,7 @@ use super::combine::{self, Combinable, Status};
 use super::compact::{self, Swap};
 use super::dedup::{self, Spill};
 use super::index::{self, Fold, Merge};
-use super::lease::{self, Cursor, Leased};
+use super::lease::{self, Cursor, Keys, Leased};
 use super::produce::{self, NewStored, Plan, Unplaced};
 use super::settle::{self, Refused, Settle};
 use super::{ChunkRef, Dropped, Manifest, Rules, SegmentRef};
@@ -109,6 +109,8 @@ pub struct Applied {
     pub wake: bool,
     /// Other processes' segments this batch landed.
     pub landed_foreign: usize,
+    /// Per-key ordering: the first offset whose key the leases needed and `keys` lacked.
+    pub wants_key: Option<u64>,
 }
 
 /// Index upkeep prepared for one attempt: index objects already written.
@@ -138,6 +140,8 @@ pub struct Written<'a> {
     pub foreign: &'a [SegmentRef],
     /// Index objects written for this attempt.
     pub upkeep: &'a Upkeep,
+    /// Message keys read for per-key ordering.
+    pub keys: &'a Keys,
 }
 
 /// Applies `batch` to `m` at `now`, with what was `written` for it.
@@ -148,6 +152,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         found_at,
         foreign,
         upkeep,
+        keys,
     } = written;
     let mut out = Applied {
         dropped: m.apply_retention(now, batch.rules.retention_ms),
@@ -189,12 +194,14 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         }
         out.settled.push(r);
     }
-    let mut cursor = Cursor::new(m, now);
+    let ordered = batch.leases.iter().any(|op| op.rules.ordered);
+    let mut cursor = Cursor::new(m, now, ordered);
     for op in &batch.leases {
-        let got = lease::lease(m, now, &op.rules, (op.max, op.max_bytes), &mut cursor);
+        let got = lease::lease(m, now, &op.rules, (op.max, op.max_bytes), &mut cursor, keys);
         changed |= !got.grants.is_empty() || !got.dead.is_empty();
         out.leased.push(got);
     }
+    out.wants_key = cursor.wants_key;
     for swaps in &batch.swaps {
         let replaced = compact::swap(m, swaps);
         changed |= replaced > 0;
@@ -314,6 +321,11 @@ mod tests {
     }
 
     fn run(m: &mut Manifest, now: u64, batch: &Batch) -> Decision<Applied> {
+        run_keyed(m, now, batch, &Keys::default())
+    }
+
+    /// As [`run`], with the message keys the committer would have read.
+    fn run_keyed(m: &mut Manifest, now: u64, batch: &Batch, keys: &Keys) -> Decision<Applied> {
         let plan = Plan::new(&batch.produces, m, now, &|_| None);
         let n = plan.new_messages(&batch.produces).len() as u32;
         // Every other step's segment is combinable, landed through `combine`.
@@ -346,6 +358,7 @@ mod tests {
             found_at: None,
             foreign: &[],
             upkeep: &upkeep,
+            keys,
         };
         apply(m, now, batch, written)
     }
@@ -490,9 +503,13 @@ mod tests {
                 max_acked_ahead: rng.gen_range(1..4),
                 visibility_timeout_ms: 50,
                 retention_ms: 400,
+                ordered: seed % 2 == 0,
                 ..rules()
             };
             let mut handles: Vec<(u64, u64)> = Vec::new();
+            // Every message's key hash by offset (0: no key), as the committer reads them.
+            let mut keys = Keys::default();
+            let mut key_of: Vec<u32> = Vec::new();
             for step in 0..60u64 {
                 let now = step * 10;
                 let mut batch = Batch::new(r);
@@ -523,7 +540,15 @@ mod tests {
                     rules: r,
                 });
                 let before = m.clone();
-                let a = applied(run(&mut m, now, &batch));
+                let a = applied(run_keyed(&mut m, now, &batch, &keys));
+                for offsets in a.produced.iter().flatten() {
+                    for &o in offsets {
+                        let k = [0, 1, 2, 3][rng.gen_range(0..4)];
+                        assert_eq!(o as usize, key_of.len());
+                        key_of.push(k);
+                        keys.insert(o, k);
+                    }
+                }
                 let nacked: Vec<u64> = batch
                     .settles
                     .iter()
@@ -551,6 +576,17 @@ mod tests {
                     handles.push((g.offset, g.lease_id));
                 }
                 check_invariants(&m);
+                if r.ordered {
+                    // No two unsettled messages of one key with the later one leased: a
+                    // grant never overtakes an earlier unsettled message of its key.
+                    for g in a.leased.iter().flat_map(|l| &l.grants) {
+                        let k = key_of[g.offset as usize];
+                        let overtaken = (m.frontier..g.offset).find(|&o| {
+                            k != 0 && key_of[o as usize] == k && !m.acked_ahead.contains(&o)
+                        });
+                        assert_eq!(overtaken, None, "seed {seed}: {} leased", g.offset);
+                    }
+                }
                 assert!(m.in_flight(now) <= r.max_in_flight as usize, "seed {seed}");
                 assert!(
                     m.acked_ahead.len() <= r.max_acked_ahead as usize,
@@ -599,6 +635,7 @@ mod tests {
                         found_at: None,
                         foreign: &listed,
                         upkeep: &upkeep,
+                        keys: &Keys::default(),
                     };
                     m.version += 1;
                     let before = m.clone();

@@ -1,7 +1,7 @@
 //! Leasing: which messages a consume gets (docs/design.md §4, §5).
 //!
 //! A lease goes to the lowest available offset at or above the frontier (unsettled, not
-//! acked ahead, no live lease). Its id is the version of the manifest write that grants
+//! acked ahead, not delayed, no live lease). Its id is the version of the manifest write that grants
 //! it, its deadline now + the visibility timeout, and the message's delivery count goes
 //! up by one. Flow control: no lease is granted while `max_in_flight` leases are live,
 //! and while the acked-ahead set is full only the frontier message may go out.
@@ -9,12 +9,61 @@
 //! A message already delivered `max_deliveries` times (when that limit is set) is not
 //! delivered again: it is *parked* under a system lease for [`DEAD_LETTER_PARK_MS`] and
 //! returned in [`Leased::dead`] for the broker to move to the dead-letter topic.
+//!
+//! Per-key ordering (topic setting `"ordering": "key"`): an available message is passed
+//! over while an earlier unsettled message (leased, lapsed, delayed, or itself passed
+//! over) has the same [`key_hash`]; messages without a key are never held. The pass needs
+//! the key of every unsettled offset it crosses: a lease records its message's hash, the
+//! committer reads the rest from segments ([`Keys`]) and asks again when the pass stops at
+//! an offset it did not know ([`Cursor::wants_key`]). A delayed message holds its key too.
+
+use std::collections::{BTreeMap, HashSet};
 
 use super::{Lease, Manifest, Rules};
 
 /// How long a message parked for dead-lettering stays invisible; if the move does not
 /// finish in time it is parked and moved again (the move is idempotent).
 pub const DEAD_LETTER_PARK_MS: u64 = 60_000;
+
+/// How far past the frontier a per-key ordered lease looks for a message whose key is
+/// free: the most flow control can hold (in flight and acked ahead) and as many again
+/// of messages waiting behind their keys. Beyond it a hot key blocks the rest (head of
+/// line), as SQS FIFO's message groups do past their window.
+pub const MAX_ORDERED_SCAN: u64 = 30_000;
+
+/// How a message's key takes part in per-key ordering: 0 for a message without a key
+/// (ordered with nothing), else a non-zero CRC-32 of the key (two keys sharing a hash are
+/// ordered together: never out of order, at worst less parallel).
+pub fn key_hash(key: Option<&str>) -> u32 {
+    key.map_or(0, |k| crc32fast::hash(k.as_bytes()).max(1))
+}
+
+/// The [`key_hash`] of messages by offset, read from their segments by the committer
+/// (facts: an offset's message never changes). An offset missing here is unknown.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keys(BTreeMap<u64, u32>);
+
+impl Keys {
+    /// The key hash of `offset`, if known.
+    pub fn get(&self, offset: u64) -> Option<u32> {
+        self.0.get(&offset).copied()
+    }
+
+    /// Records `offset`'s key hash.
+    pub fn insert(&mut self, offset: u64, hash: u32) {
+        self.0.insert(offset, hash);
+    }
+
+    /// How many offsets are known.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when none is.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// A lease granted by a commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,53 +86,99 @@ pub struct Leased {
 }
 
 /// Where leasing stands within one batch: several lease requests in one commit share one
-/// pass over the offsets they skip, and one in-flight count.
-#[derive(Debug, Clone, Copy)]
+/// pass over the offsets they skip, and one in-flight count. On a per-key ordered topic
+/// the pass also gathers the keys of the unsettled messages it passed: a message whose
+/// key is among them waits.
+#[derive(Debug, Clone)]
 pub struct Cursor {
     next: u64,
     in_flight: usize,
+    ordered: bool,
+    /// Keys of unsettled messages below `next` (ordered only).
+    blocked: HashSet<u32>,
+    /// The key hash of the offset `pick` answered last (ordered only).
+    picked_key: Option<u32>,
+    /// The first offset whose key the ordered pass needed and did not know.
+    pub wants_key: Option<u64>,
 }
 
 impl Cursor {
-    /// A cursor at the frontier of `m`, counting the leases live at `now`.
-    pub fn new(m: &Manifest, now: u64) -> Self {
+    /// A cursor at the frontier of `m`, counting the leases live at `now`; `ordered` for
+    /// a per-key ordered topic.
+    pub fn new(m: &Manifest, now: u64, ordered: bool) -> Self {
         Self {
             next: m.frontier,
             in_flight: m.in_flight(now),
+            ordered,
+            blocked: HashSet::new(),
+            picked_key: None,
+            wants_key: None,
         }
     }
 
     /// The next offset to lease, if any is allowed.
-    fn pick(&mut self, m: &Manifest, now: u64, rules: &Rules) -> Option<u64> {
+    fn pick(&mut self, m: &Manifest, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
         if self.in_flight >= rules.max_in_flight as usize {
             return None;
         }
         if m.acked_ahead.len() >= rules.max_acked_ahead as usize {
-            // Window full: only the message blocking the frontier may go out.
+            // Window full: only the message blocking the frontier may go out (nothing
+            // unsettled is before it, so its key is free).
+            self.picked_key = m.leases.get(&m.frontier).and_then(|l| l.key_hash);
             return m.is_available(m.frontier, now).then_some(m.frontier);
         }
         self.next = self.next.max(m.frontier);
-        while self.next < m.next_offset && !m.is_available(self.next, now) {
+        if !self.ordered {
+            while self.next < m.next_offset && !m.is_available(self.next, now) {
+                // A delayed run is skipped whole: it may be long.
+                self.next = match m.delayed_run(self.next, now) {
+                    Some(d) => d.to,
+                    None => self.next + 1,
+                };
+            }
+            return (self.next < m.next_offset).then_some(self.next);
+        }
+        while self.next < m.next_offset && self.next - m.frontier < MAX_ORDERED_SCAN {
+            let o = self.next;
+            if m.acked_ahead.contains(&o) {
+                self.next += 1;
+                continue;
+            }
+            let known = m.leases.get(&o).and_then(|l| l.key_hash);
+            let Some(k) = known.or_else(|| keys.get(o)) else {
+                self.wants_key = Some(o);
+                return None;
+            };
+            if m.is_available(o, now) && (k == 0 || !self.blocked.contains(&k)) {
+                self.picked_key = Some(k);
+                return Some(o);
+            }
+            if k != 0 {
+                self.blocked.insert(k);
+            }
             self.next += 1;
         }
-        (self.next < m.next_offset).then_some(self.next)
+        None
     }
 }
 
 /// Leases up to `max` available messages of `m` at `now`, lowest offsets first, and no
 /// more than `max_bytes` of payload by [`Manifest::message_bytes_estimate`] (the first
-/// message always). The lease id is `m.version` (the version this write will have).
+/// message always). The lease id is `m.version` (the version this write will have). On a
+/// per-key ordered topic (the cursor's), `keys` answers the keys leases do not record;
+/// the pass stops at the first offset it needs and they do not know ([`Cursor::wants_key`]).
 pub fn lease(
     m: &mut Manifest,
     now: u64,
     rules: &Rules,
     (max, max_bytes): (usize, u64),
     cur: &mut Cursor,
+    keys: &Keys,
 ) -> Leased {
     let mut out = Leased::default();
     let mut bytes = 0u64;
     while out.grants.len() < max {
-        let Some(offset) = cur.pick(m, now, rules) else {
+        let Some(offset) = cur.pick(m, now, rules, keys) else {
             break;
         };
         let size = m.message_bytes_estimate(offset);
@@ -95,8 +190,12 @@ pub fn lease(
             lease_id: 0,
             deadline_ms: 0,
             delivery_count: 0,
+            key_hash: None,
         });
         lease.lease_id = version;
+        if cur.ordered {
+            lease.key_hash = lease.key_hash.or(cur.picked_key);
+        }
         cur.in_flight += 1;
         if rules.max_deliveries > 0 && lease.delivery_count >= rules.max_deliveries {
             // Delivered often enough without an ack: park it for the dead-letter topic
@@ -126,7 +225,9 @@ pub fn lease(
 /// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
 /// granted. An idle waiter skips the partition until then (`broker/watch.rs`).
 pub fn quiet_until(m: &Manifest, now: u64, rules: &Rules) -> Option<u64> {
-    if Cursor::new(m, now).pick(m, now, rules).is_some() {
+    let mut probe = Cursor::new(m, now, rules.ordered);
+    if probe.pick(m, now, rules, &Keys::default()).is_some() || probe.wants_key.is_some() {
+        // Available, or unknown without reading keys: not quiet.
         return None;
     }
     let lapses = m.leases.values().map(|l| l.deadline_ms);
@@ -145,8 +246,8 @@ mod tests {
     }
 
     fn lease_now(m: &mut Manifest, now: u64, rules: &Rules, max: usize) -> Leased {
-        let mut cur = Cursor::new(m, now);
-        lease(m, now, rules, (max, u64::MAX), &mut cur)
+        let mut cur = Cursor::new(m, now, rules.ordered);
+        lease(m, now, rules, (max, u64::MAX), &mut cur, &Keys::default())
     }
 
     #[test]
@@ -206,6 +307,7 @@ mod tests {
                 lease_id: 1,
                 deadline_ms: 0,
                 delivery_count: 3,
+                key_hash: None,
             },
         );
         let r = Rules {
@@ -273,12 +375,88 @@ mod tests {
         assert_eq!(w.delayed_count(500), 0);
     }
 
+    /// Keys `a a b - b c` at offsets 0–5 (`-`: no key).
+    fn keyed() -> (Manifest, Keys, Rules) {
+        let m = manifest_with(6);
+        let mut keys = Keys::default();
+        for (o, k) in [Some("a"), Some("a"), Some("b"), None, Some("b"), Some("c")]
+            .into_iter()
+            .enumerate()
+        {
+            keys.insert(o as u64, key_hash(k));
+        }
+        let r = Rules {
+            ordered: true,
+            ..rules()
+        };
+        (m, keys, r)
+    }
+
+    fn lease_keyed(m: &mut Manifest, now: u64, r: &Rules, keys: &Keys) -> (Vec<u64>, Cursor) {
+        let mut cur = Cursor::new(m, now, true);
+        let got = lease(m, now, r, (10, u64::MAX), &mut cur, keys);
+        (offsets(&got), cur)
+    }
+
+    #[test]
+    fn per_key_ordering_holds_a_message_while_an_earlier_one_of_its_key_is_unsettled() {
+        let (mut m, keys, r) = keyed();
+        assert_eq!(lease_keyed(&mut m, 10, &r, &keys).0, vec![0, 2, 3, 5]);
+        assert_eq!(m.leases[&0].key_hash, Some(key_hash(Some("a"))), "recorded");
+        assert_eq!(m.leases[&3].key_hash, Some(0));
+        // Lapsed (available again, unsettled): it goes out again, still before 1 and 4.
+        let t = 10 + r.visibility_timeout_ms;
+        let (got, cur) = lease_keyed(&mut m.clone(), t, &r, &Keys::default());
+        assert_eq!(
+            (got, cur.wants_key),
+            (vec![0], Some(1)),
+            "1 never leased: unknown"
+        );
+        assert_eq!(lease_keyed(&mut m, t, &r, &keys).0, vec![0, 2, 3, 5]);
+        // Settled: the next of its key follows.
+        crate::partition::settle::settle(&mut m, t, &r, 0, 0, super::super::Settle::Ack).unwrap();
+        assert_eq!(lease_keyed(&mut m, t, &r, &keys).0, vec![1]);
+        // Without ordering, everything available goes.
+        let (mut plain, keys, _) = keyed();
+        let mut cur = Cursor::new(&plain, 10, false);
+        let got = lease(&mut plain, 10, &rules(), (10, u64::MAX), &mut cur, &keys);
+        assert_eq!(offsets(&got), vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn per_key_ordering_stops_at_an_unknown_key_and_a_delayed_message_holds_its_key() {
+        let (mut m, keys, r) = keyed();
+        let mut some = Keys::default();
+        for o in 0..3 {
+            some.insert(o, keys.get(o).unwrap());
+        }
+        let (got, cur) = lease_keyed(&mut m.clone(), 10, &r, &some);
+        assert_eq!((got, cur.wants_key), (vec![0, 2], Some(3)));
+        m.delay(0, 1, 500);
+        assert_eq!(lease_keyed(&mut m, 10, &r, &keys).0, vec![2, 3, 5]);
+        assert_eq!(lease_keyed(&mut m, 500, &r, &keys).0, vec![0]);
+    }
+
     #[test]
     fn one_cursor_serves_several_requests_in_a_batch() {
         let mut m = manifest_with(4);
-        let mut cur = Cursor::new(&m, 0);
-        let a = lease(&mut m, 0, &rules(), (2, u64::MAX), &mut cur);
-        let b = lease(&mut m, 0, &rules(), (3, u64::MAX), &mut cur);
+        let mut cur = Cursor::new(&m, 0, false);
+        let a = lease(
+            &mut m,
+            0,
+            &rules(),
+            (2, u64::MAX),
+            &mut cur,
+            &Keys::default(),
+        );
+        let b = lease(
+            &mut m,
+            0,
+            &rules(),
+            (3, u64::MAX),
+            &mut cur,
+            &Keys::default(),
+        );
         assert_eq!((offsets(&a), offsets(&b)), (vec![0, 1], vec![2, 3]));
     }
 
@@ -288,10 +466,17 @@ mod tests {
         let mut m = manifest_with(6);
         let size = m.message_bytes_estimate(0);
         assert!(size > 0);
-        let mut cur = Cursor::new(&m, 0);
-        let got = lease(&mut m, 0, &rules(), (6, size * 3 + size / 2), &mut cur);
+        let mut cur = Cursor::new(&m, 0, false);
+        let got = lease(
+            &mut m,
+            0,
+            &rules(),
+            (6, size * 3 + size / 2),
+            &mut cur,
+            &Keys::default(),
+        );
         assert_eq!(offsets(&got), vec![0, 1, 2]);
-        let got = lease(&mut m, 0, &rules(), (6, 0), &mut cur);
+        let got = lease(&mut m, 0, &rules(), (6, 0), &mut cur, &Keys::default());
         assert_eq!(offsets(&got), vec![3], "one message whatever its size");
     }
 }

@@ -65,6 +65,8 @@ pub struct Rules {
     pub retention_ms: u64,
     /// How long an idempotency key is remembered.
     pub dedup_window_ms: u64,
+    /// Per-key ordering ([`lease`]).
+    pub ordered: bool,
 }
 
 impl From<&TopicSettings> for Rules {
@@ -76,6 +78,7 @@ impl From<&TopicSettings> for Rules {
             max_deliveries: s.max_deliveries,
             retention_ms: s.retention_ms,
             dedup_window_ms: s.dedup_window_ms,
+            ordered: s.ordering == crate::settings::Ordering::Key,
         }
     }
 }
@@ -128,6 +131,10 @@ pub struct Lease {
     pub deadline_ms: u64,
     /// How many times the message has been delivered.
     pub delivery_count: u32,
+    /// The message's [`lease::key_hash`], recorded when a per-key ordered topic leases
+    /// it, so that ordering need not read its segment again (absent: not recorded).
+    #[serde(default, rename = "k", skip_serializing_if = "Option::is_none")]
+    pub key_hash: Option<u32>,
 }
 
 /// Offsets `[from, to)` are not delivered before wall-clock ms `until_ms` (a delayed
@@ -229,10 +236,15 @@ impl Manifest {
     }
 
     /// The run of delayed offsets holding `offset` and not yet due at `now_ms`, if any.
-    pub fn delayed_until(&self, offset: u64, now_ms: u64) -> Option<u64> {
+    pub fn delayed_run(&self, offset: u64, now_ms: u64) -> Option<&Delayed> {
         let i = self.delayed.partition_point(|d| d.from <= offset);
         let d = self.delayed.get(i.checked_sub(1)?)?;
-        (offset < d.to && d.until_ms > now_ms).then_some(d.until_ms)
+        (offset < d.to && d.until_ms > now_ms).then_some(d)
+    }
+
+    /// When `offset`'s delay ends, if it is delayed at `now_ms`.
+    pub fn delayed_until(&self, offset: u64, now_ms: u64) -> Option<u64> {
+        self.delayed_run(offset, now_ms).map(|d| d.until_ms)
     }
 
     /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
@@ -581,6 +593,7 @@ pub(crate) mod testing {
                     lease_id,
                     deadline_ms,
                     delivery_count: 1,
+                    key_hash: None,
                 },
             );
         }
@@ -634,6 +647,7 @@ mod tests {
                 lease_id: 1,
                 deadline_ms: 9999,
                 delivery_count: 1,
+                key_hash: None,
             },
         );
         m.acked_ahead.insert(3);
