@@ -340,7 +340,7 @@ async fn per_key_ordering_under_concurrent_consumers_with_nacks_and_lapses() {
     done.store(true, SeqCst);
     ticker.await.unwrap();
 
-    let events = events.lock().unwrap();
+    let events = std::mem::take(&mut *events.lock().unwrap());
     let mut acks: Vec<Vec<u64>> = vec![vec![u64::MAX; PER_KEY]; KEYS];
     for e in events.iter() {
         if let Event::Acked(k, i, at) = *e {
