@@ -113,6 +113,9 @@ pub struct ProduceArgs {
     /// A header NAME=VALUE (repeatable); returned on consume as `headers`.
     #[arg(long = "header", value_name = "NAME=VALUE")]
     headers: Vec<String>,
+    /// Deliver no sooner than this long from now: 500ms, 30s, 5m, 2h (up to 12h).
+    #[arg(long)]
+    delay: Option<String>,
     /// Send each line of stdin as a message, in batches (empty lines are skipped).
     #[arg(long, conflicts_with_all = ["message", "idempotency_key"])]
     lines: bool,
@@ -238,6 +241,7 @@ pub async fn produce(a: ProduceArgs) -> Result<(), String> {
         partition: a.partition,
         idempotency_key: a.idempotency_key,
         headers: parse_headers(&a.headers)?,
+        delay: a.delay.clone(),
     };
     let p = c
         .produce(&a.topic, payload, &opts)
@@ -249,6 +253,14 @@ pub async fn produce(a: ProduceArgs) -> Result<(), String> {
 /// Sends stdin's lines in batches; a progress line on a terminal.
 async fn produce_lines(c: &Client, a: &ProduceArgs) -> Result<(), String> {
     let progress = std::io::stderr().is_terminal();
+    let delay_ms = match &a.delay {
+        None => 0,
+        Some(d) => humantime::parse_duration(d)
+            .map_err(|e| format!("--delay {d:?}: {e}"))?
+            .as_millis()
+            .try_into()
+            .map_err(|_| format!("--delay {d:?}: too long"))?,
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4096);
     // Reading stdin blocks: a thread feeds the batches.
     std::thread::spawn(move || {
@@ -280,6 +292,7 @@ async fn produce_lines(c: &Client, a: &ProduceArgs) -> Result<(), String> {
             m.key = a.key.clone();
             m.partition = a.partition;
             m.headers = parse_headers(&a.headers)?;
+            m.delay_ms = delay_ms;
             bytes += line.len() * 4 / 3 + 64;
             batch.push(m);
         }

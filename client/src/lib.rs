@@ -138,6 +138,8 @@ pub struct ProduceOptions {
     pub idempotency_key: Option<String>,
     /// Headers (name → value), sent as `Narad-Header-<name>`.
     pub headers: Headers,
+    /// Deliver no sooner than this long from now (`30s`, `5m`; up to 12 h).
+    pub delay: Option<String>,
 }
 
 /// A message's headers.
@@ -164,6 +166,13 @@ pub struct BatchMessage {
     /// Headers.
     #[serde(skip_serializing_if = "Headers::is_empty")]
     pub headers: Headers,
+    /// Deliver no sooner than this many ms from now (0: at once; up to 12 h).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub delay_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl BatchMessage {
@@ -195,6 +204,7 @@ impl BatchMessage {
             partition: None,
             idempotency_key: None,
             headers: Headers::new(),
+            delay_ms: 0,
         }
     }
 }
@@ -497,6 +507,9 @@ impl Client {
                 }
                 if let Some(p) = opts.partition {
                     q.push(("partition", p.to_string()));
+                }
+                if let Some(d) = &opts.delay {
+                    q.push(("delay", d.clone()));
                 }
                 let mut req = self
                     .request(Method::POST, &path)

@@ -65,6 +65,12 @@ pub struct BenchArgs {
     /// one consume+ack phase.
     #[arg(long)]
     pub split: bool,
+    /// Give messages keys, round-robin over this many (0: no keys).
+    #[arg(long, default_value_t = 0)]
+    pub keys: usize,
+    /// The topic's `ordering` setting: `none`, or `key` (per-key ordering; use `--keys`).
+    #[arg(long, default_value = "none", value_parser = ["none", "key"])]
+    pub ordering: String,
 }
 
 struct Phase {
@@ -118,7 +124,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "visibility_timeout_ms": 600_000,
         "max_in_flight_per_partition": 10_000,
         "max_acked_ahead_per_partition": 10_000,
+        "ordering": args.ordering,
     });
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<Client> = servers
         .bases
         .iter()
@@ -127,6 +135,8 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             base: base.clone(),
             topic: topic.clone(),
             batch: args.batch.max(1),
+            keys: args.keys,
+            sent: sent.clone(),
         })
         .collect();
     let c = clients[0].clone();
@@ -505,9 +515,18 @@ struct Client {
     base: String,
     topic: String,
     batch: usize,
+    /// Keys to give messages, round-robin (0: none), counted over all clients by `sent`.
+    keys: usize,
+    sent: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Client {
+    /// The key of the next message, if messages get keys.
+    fn next_key(&self) -> Option<String> {
+        let n = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (self.keys > 0).then(|| format!("k{}", n % self.keys))
+    }
+
     async fn send(
         &self,
         method: reqwest::Method,
@@ -526,10 +545,13 @@ impl Client {
     /// Produces `n` messages (one request); returns how many were accepted.
     async fn produce(&self, payload: &str, n: usize) -> Result<usize, String> {
         if self.batch == 1 {
+            let query = self
+                .next_key()
+                .map_or_else(String::new, |k| format!("?key={k}"));
             let r = self
                 .send(
                     reqwest::Method::POST,
-                    &format!("/v1/topics/{}/produce", self.topic),
+                    &format!("/v1/topics/{}/produce{query}", self.topic),
                     payload.to_owned(),
                 )
                 .await?;
@@ -544,7 +566,10 @@ impl Client {
             };
         }
         let msgs: Vec<String> = (0..n)
-            .map(|_| format!("{{\"payload\":{payload}}}"))
+            .map(|_| match self.next_key() {
+                Some(k) => format!("{{\"payload\":{payload},\"key\":\"{k}\"}}"),
+                None => format!("{{\"payload\":{payload}}}"),
+            })
             .collect();
         let body = format!("{{\"messages\":[{}]}}", msgs.join(","));
         let r = self
