@@ -484,7 +484,7 @@
     const table = h('table', { id: 'partitions-table', testid: 'partitions-table' },
       h('thead', {}, h('tr', {},
         ...['Partition', 'Start offset', 'Frontier', 'Next offset', 'Backlog', 'In flight',
-          'Acked ahead', 'Oldest message age', 'Segments', 'Bytes']
+          'Acked ahead', 'Delayed', 'Oldest message age', 'Segments', 'Bytes']
           .map((label) => h('th', { class: label === 'Oldest message age' ? '' : 'num' }, label)))),
       h('tbody', {}, parts.map((p) => h('tr', { testid: 'partition-row', 'data-partition': p.partition },
         numCell(p.partition, 'partition'),
@@ -494,6 +494,7 @@
         numCell(p.available, 'backlog'),
         numCell(p.in_flight, 'in-flight'),
         numCell(p.acked_ahead, 'acked-ahead'),
+        numCell(p.delayed ?? 0, 'delayed'),
         ageCell(p),
         numCell(p.segments, 'segments'),
         bytesCell(p.bytes)))),
@@ -502,6 +503,7 @@
         numCell(sum(parts, 'available'), 'total-backlog'),
         numCell(sum(parts, 'in_flight'), 'total-in-flight'),
         numCell(sum(parts, 'acked_ahead'), 'total-acked-ahead'),
+        numCell(sum(parts, 'delayed'), 'total-delayed'),
         h('td'),
         numCell(sum(parts, 'segments'), 'total-segments'),
         bytesCell(sum(parts, 'bytes')))));
