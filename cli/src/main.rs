@@ -68,6 +68,22 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Inspect a topic's partitions and rebuild each one whose manifest is corrupt, from
+    /// its newest checkpoint and its segments (docs/design.md §7). Prints one JSON line
+    /// per partition: healthy, repaired (with what was restored and what is delivered
+    /// again), or corrupt (with --dry-run).
+    Repair {
+        /// Store URL [env: NARAD_STORE; default file://./narad-data].
+        #[arg(long)]
+        store: Option<String>,
+        /// Report what a repair would restore, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Topic.
+        topic: String,
+        /// Only this partition.
+        partition: Option<u32>,
+    },
     /// Benchmark a server on a store: throughput, latency, storage requests per message.
     Bench(bench::BenchArgs),
     /// Topics on a server (NARAD_URL, NARAD_AUTH): list, get, create, patch, delete.
@@ -111,6 +127,12 @@ async fn main() -> ExitCode {
             grace,
             dry_run,
         } => gc(store, &grace, dry_run).await,
+        Command::Repair {
+            store,
+            dry_run,
+            topic,
+            partition,
+        } => repair(store, dry_run, &topic, partition).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Topics { cmd, conn } => remote::topics(cmd, conn).await,
         Command::Produce(args) => remote::produce(args).await,
@@ -209,6 +231,27 @@ async fn gc(store_url: Option<String>, grace: &str, dry_run: bool) -> Result<(),
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?
     );
+    Ok(())
+}
+
+async fn repair(
+    store_url: Option<String>,
+    dry_run: bool,
+    topic: &str,
+    partition: Option<u32>,
+) -> Result<(), String> {
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(s) = store_url {
+        cfg.store = s;
+    }
+    let broker = open_broker(&cfg).await?;
+    let found = broker
+        .repair(topic, partition, dry_run)
+        .await
+        .map_err(|e| format!("repair of {topic} failed: {e}"))?;
+    for r in found {
+        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    }
     Ok(())
 }
 

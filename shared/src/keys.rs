@@ -96,6 +96,23 @@ pub fn index(topic: &str, partition: u32, id: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/{partition}/indexes/{id}")
 }
 
+/// `topics/{topic}/{partition}/checkpoints/{version}`: an immutable copy of the manifest
+/// as of `version` (20 digits, so keys sort by version), kept as the way back from a
+/// corrupt manifest (docs/design.md §7).
+pub fn checkpoint(topic: &str, partition: u32, version: u64) -> String {
+    format!("{}{version:020}", checkpoints_prefix(topic, partition))
+}
+
+/// `topics/{topic}/{partition}/checkpoints/`: where a partition's checkpoints are listed.
+pub fn checkpoints_prefix(topic: &str, partition: u32) -> String {
+    format!("{TOPICS_PREFIX}{topic}/{partition}/checkpoints/")
+}
+
+/// The manifest version a checkpoint key names.
+pub fn checkpoint_version(key: &str) -> Option<u64> {
+    key.rsplit_once('/')?.1.parse().ok()
+}
+
 /// `topics/{topic}/{partition}/dedup/{id}`: an immutable chunk of remembered idempotency
 /// keys (ids as [`segment_id`]).
 pub fn dedup_chunk(topic: &str, partition: u32, id: &str) -> String {
@@ -123,6 +140,15 @@ pub fn topic_of_settings_key(key: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoint_keys_sort_by_version() {
+        let k = checkpoint("orders", 2, 48);
+        assert_eq!(k, "topics/orders/2/checkpoints/00000000000000000048");
+        assert!(k.starts_with(&checkpoints_prefix("orders", 2)));
+        assert_eq!(checkpoint_version(&k), Some(48));
+        assert!(checkpoint("o", 0, 9) < checkpoint("o", 0, 10));
+    }
 
     #[test]
     fn keys_are_pinned() {

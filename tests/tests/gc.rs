@@ -139,7 +139,10 @@ async fn retention_runs_on_idle_partitions_and_leftovers_go() {
     b.produce("gone", msg("x")).await.unwrap();
     store.delete(&keys::topic_settings("gone")).await.unwrap();
     let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
-    assert_eq!(g.leftovers_deleted, 2, "manifest and segment: {g:?}");
+    assert_eq!(
+        g.leftovers_deleted, 3,
+        "manifest, its first checkpoint and segment: {g:?}"
+    );
     assert!(store.list("topics/gone/").await.unwrap().is_empty());
     assert_eq!(g.topics, 1);
 }

@@ -310,6 +310,34 @@ impl Broker {
         Ok(())
     }
 
+    /// Inspects the partitions of a topic (all, or `partition`) and rebuilds each one whose
+    /// manifest is corrupt ([`crate::commit::Committer::repair`]); with `dry_run`, only
+    /// says what a rebuild would restore and retire.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::NoSuchPartition`], store
+    /// failures, [`BrokerError::Contention`] (the manifest changed meanwhile: run again).
+    pub async fn repair(
+        &self,
+        name: &str,
+        partition: Option<u32>,
+        dry_run: bool,
+    ) -> BrokerResult<Vec<crate::commit::Repair>> {
+        let topic = self.load_topic(name).await?;
+        let parts: Vec<u32> = match partition {
+            Some(p) => {
+                super::check_partition(&topic, p)?;
+                vec![p]
+            }
+            None => (0..topic.settings.partitions).collect(),
+        };
+        let mut out = Vec::new();
+        for p in parts {
+            out.push(self.committer.repair(&topic, p, dry_run).await?);
+            self.changed(&topic, p);
+        }
+        Ok(out)
+    }
+
     /// Removes every retained message of every partition (available and in flight; see
     /// [`crate::commit::Committer::purge`]); answers how many. The topic, its settings and
     /// its offsets stay: new produces continue from where the partitions were.

@@ -26,7 +26,7 @@ use super::combine::{Head, Ready};
 use super::ordering::KEY_ROUNDS;
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
-use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
+use crate::cas::{CasError, Cell, Change, Decision, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
@@ -453,7 +453,11 @@ impl Committer {
             change.listed_at = Some(h.snap.value.version);
         }
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
-        let result = cell.update_cached(&mut cache, &mut change).await;
+        let mut result = cell.update_cached(&mut cache, &mut change).await;
+        if matches!(result, Err(CasError::Corrupt { .. })) && self.self_repair(q).await {
+            cache = None;
+            result = cell.update_cached(&mut cache, &mut change).await;
+        }
         if change.attempts > 1 {
             self.mark_contended(q);
             if replies.len() == 0 {
@@ -478,6 +482,9 @@ impl Committer {
                 let layout = Arc::new(snap.value.layout());
                 replies.answer(applied, change.refused.as_ref(), layout);
                 self.delete_expired(q, dropped, chunks).await;
+                if let Some(expired) = snap.value.wants_checkpoint().filter(|_| change.wrote) {
+                    self.write_checkpoint(q, &snap.value, expired).await;
+                }
                 if wake {
                     self.wakers.wake(&q.topic);
                 }

@@ -22,6 +22,7 @@
 mod batch;
 mod combine;
 mod ordering;
+mod repair;
 mod upkeep;
 pub mod wake;
 
@@ -47,6 +48,7 @@ use crate::segment::SegmentCache;
 use crate::store::DynStore;
 use crate::topic::Topic;
 
+pub use repair::Repair;
 pub use wake::Wakers;
 
 /// A segment older than this is never committed (garbage collection's grace period is
@@ -177,6 +179,8 @@ struct Queue {
     incarnation: String,
     partition: u32,
     key: String,
+    /// When the topic was created (segments older than that are an earlier topic's).
+    created_at_ms: u64,
     state: Mutex<QueueState>,
 }
 
@@ -410,6 +414,7 @@ impl Committer {
                     incarnation: topic.incarnation.clone(),
                     partition,
                     key: topic.manifest_key(partition),
+                    created_at_ms: topic.created_at_ms,
                     state: Mutex::new(QueueState::default()),
                 })
             })

@@ -56,7 +56,9 @@ impl ApiError {
         CORRUPT_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::error!(
             %object,
-            "corrupt stored object: this partition cannot be served until it is repaired"
+            "corrupt stored object: this partition cannot be served until it is repaired; \
+             a corrupt manifest is rebuilt by the next commit that confirms it, or run \
+             `narad repair [--dry-run] --store URL TOPIC [PARTITION]` (docs/design.md §7)"
         );
         Self {
             retry_after: Some(30),

@@ -212,6 +212,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         .filter(|c| !m.dedup_chunks.contains(c))
         .collect();
     if changed {
+        m.mark_checkpoint(now, batch.rules.retention_ms);
         Decision::Commit(out)
     } else {
         // Nothing is written, so nothing was dropped.

@@ -11,7 +11,8 @@
 //! * [`lease`]: hand out the lowest available offsets, park messages for dead-lettering;
 //! * [`compact`]: swap runs of segments for merged ones;
 //! * [`combine`]: land segments any process may commit, each at most once;
-//! * [`batch`]: one group commit's operations applied in their fixed order.
+//! * [`batch`]: one group commit's operations applied in their fixed order;
+//! * [`rebuild`]: a corrupt partition's state again, from a checkpoint and its segments.
 //!
 //! Invariants every transition keeps (checked by the tests in [`batch`]):
 //! * `version` strictly increases with every committed write, so two different states
@@ -35,6 +36,7 @@ pub mod dedup;
 pub mod index;
 pub mod lease;
 pub mod produce;
+pub mod rebuild;
 pub mod settle;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -95,6 +97,13 @@ pub const MANIFEST_FORMAT: u32 = 5;
 
 /// The format written when no message is delayed ([`MANIFEST_FORMAT`]).
 const FORMAT_WITHOUT_DELAYS: u32 = 4;
+
+/// A manifest write leaves a checkpoint at least every this many versions.
+pub const CHECKPOINT_EVERY: u64 = 16;
+
+fn is_zeros(p: &[u64; 4]) -> bool {
+    *p == [0; 4]
+}
 
 /// Runs of delayed offsets one partition holds at most: a produce that would need more is
 /// refused (429), which bounds the manifest (docs/design.md §6).
@@ -205,6 +214,11 @@ pub struct Manifest {
     /// The highest id that left `landed`.
     #[serde(default)]
     pub landed_floor: String,
+    /// Checkpoints (copies of the manifest written after their write lands: the way back
+    /// from a corrupt manifest, docs/design.md §7): `[version, time, previous version,
+    /// version to delete]` of the newest write that was to leave one. Two are kept.
+    #[serde(default, skip_serializing_if = "is_zeros")]
+    pub checkpoint: [u64; 4],
     /// Delayed offsets not yet due, ascending and disjoint (format 5; absent when none).
     /// A delayed message is unsettled: it holds the frontier until delivered and acked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -231,8 +245,39 @@ impl Manifest {
             combined_through: String::new(),
             landed: VecDeque::new(),
             landed_floor: String::new(),
+            checkpoint: [0; 4],
             delayed: Vec::new(),
         }
+    }
+
+    /// Marks this write, at `now_ms`, to leave a checkpoint when the last one is
+    /// [`CHECKPOINT_EVERY`] versions or half of `retention_ms` old, or there is none; true
+    /// if it does. (Half the retention: segments committed after the newest checkpoint are
+    /// then never old enough for retention, so a rebuild finds them all.)
+    pub fn mark_checkpoint(&mut self, now_ms: u64, retention_ms: u64) -> bool {
+        let [version, at, previous, _] = self.checkpoint;
+        let due = version == 0
+            || self.version >= version + CHECKPOINT_EVERY
+            || now_ms.saturating_sub(at) > retention_ms / 2;
+        if due {
+            self.checkpoint = [self.version, now_ms, version, previous];
+        }
+        due
+    }
+
+    /// When this state was marked to leave a checkpoint of itself: `Some(v)`, where `v`
+    /// (0: none) is the checkpoint version to delete once it is written.
+    pub fn wants_checkpoint(&self) -> Option<u64> {
+        (self.checkpoint[0] == self.version && self.version > 0).then_some(self.checkpoint[3])
+    }
+
+    /// A stored manifest (a checkpoint) if it reads and belongs to `incarnation` exactly
+    /// ([`Stored::decode`] takes an older incarnation's manifest for an empty one).
+    pub fn decode_exact(data: &[u8], incarnation: &str) -> Option<Manifest> {
+        let m = Manifest::decode(data, &incarnation.to_owned()).ok()?;
+        let json = crate::cas::open_json(data).ok()?;
+        let raw: serde_json::Value = serde_json::from_slice(json).ok()?;
+        (raw.get("incarnation")?.as_str()? == incarnation).then_some(m)
     }
 
     /// The run of delayed offsets holding `offset` and not yet due at `now_ms`, if any.

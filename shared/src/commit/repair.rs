@@ -1,0 +1,341 @@
+//! Checkpoints and repair: the way back from a corrupt manifest (docs/design.md §7).
+//!
+//! A commit marked to leave a checkpoint ([`Manifest::mark_checkpoint`]: the first write,
+//! then at least every [`crate::partition::CHECKPOINT_EVERY`] versions or half the
+//! retention) writes a copy of the manifest it landed to `…/checkpoints/{version}` and
+//! deletes the one before the previous, so two are kept.
+//!
+//! [`Committer::repair`] inspects a partition's manifest. One that decodes is healthy.
+//! One that does not (or that the store reports damaged) is rebuilt
+//! ([`crate::partition::rebuild`]) from the newest readable checkpoint of the topic's
+//! incarnation and the segment objects, and written with `If-Match` on the damaged
+//! object's ETag, so a repair never replaces anything but the damage it inspected (two
+//! repairs racing: one lands, the other finds a healthy manifest). A missing manifest is
+//! damage only when a checkpoint of the incarnation exists.
+//!
+//! The committer repairs by itself ([`Committer::self_repair`]) when a commit finds the
+//! manifest corrupt and a second read a moment later finds the same object still corrupt
+//! (not a damaged transfer). `narad repair [--dry-run]` runs the same repair on demand.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cas::{Invalid, Stored};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+use crate::objects::Reader;
+use crate::partition::index::{Entries, IndexRef};
+use crate::partition::rebuild::{self, Evidence, Report};
+use crate::partition::{Manifest, SegmentRef};
+use crate::store::StoreError;
+use crate::topic::Topic;
+
+use super::{Committer, Queue};
+
+/// How long a self-repair waits before reading a corrupt manifest the second time.
+const CONFIRM_AFTER: Duration = Duration::from_millis(200);
+
+/// The partition a repair works on.
+struct Target<'a> {
+    topic: &'a str,
+    incarnation: &'a str,
+    partition: u32,
+    key: &'a str,
+    created_at_ms: u64,
+}
+
+/// What a repair found and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Repair {
+    /// Partition.
+    pub partition: u32,
+    /// `healthy`, `repaired`, or `corrupt` (a dry run, or a repair that did not write).
+    pub state: &'static str,
+    /// The manifest object.
+    pub object: String,
+    /// What is wrong with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// What the rebuild restores and retires (with `state` `repaired`, or what it would).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<Report>,
+}
+
+/// A manifest as inspected.
+#[derive(Debug, PartialEq, Eq)]
+enum Found {
+    Healthy,
+    /// Damaged: the ETag to replace (`None`: no object) and why.
+    Damaged(Option<String>, String),
+}
+
+impl Committer {
+    /// Inspects partition `partition` of `topic` and, unless `dry_run`, rebuilds its
+    /// manifest if it is corrupt (see the module documentation).
+    ///
+    /// Errors: store failures; [`BrokerError::Contention`] when the manifest changed
+    /// between inspection and repair (run it again); [`BrokerError::StaleTopic`].
+    pub async fn repair(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        dry_run: bool,
+    ) -> BrokerResult<Repair> {
+        let key = topic.manifest_key(partition);
+        let t = Target {
+            topic: &topic.name,
+            incarnation: &topic.incarnation,
+            partition,
+            key: &key,
+            created_at_ms: topic.created_at_ms,
+        };
+        let found = self.inspect(&t).await?;
+        self.repair_found(&t, found, dry_run).await
+    }
+
+    /// After a commit found `q`'s manifest corrupt: repairs it if a second read confirms
+    /// the same object is still corrupt. True when the manifest was repaired (or another
+    /// process repaired it meanwhile): the commit may try again.
+    pub(super) async fn self_repair(&self, q: &Queue) -> bool {
+        let t = Target {
+            topic: &q.topic,
+            incarnation: &q.incarnation,
+            partition: q.partition,
+            key: &q.key,
+            created_at_ms: q.created_at_ms,
+        };
+        let Ok(first) = self.inspect(&t).await else {
+            return false;
+        };
+        if first == Found::Healthy {
+            return true;
+        }
+        tokio::time::sleep(CONFIRM_AFTER).await;
+        match self.inspect(&t).await {
+            Ok(again) if again == first && matches!(first, Found::Damaged(Some(_), _)) => {}
+            Ok(Found::Healthy) => return true,
+            _ => return false,
+        }
+        match self.repair_found(&t, first, false).await {
+            Ok(r) => r.state == "repaired",
+            Err(e) => {
+                tracing::error!(object = %q.key, error = %e,
+                    "self-repair failed; run `narad repair {} {}`", q.topic, q.partition);
+                false
+            }
+        }
+    }
+
+    async fn repair_found(
+        &self,
+        t: &Target<'_>,
+        found: Found,
+        dry_run: bool,
+    ) -> BrokerResult<Repair> {
+        let (etag, problem) = match found {
+            Found::Healthy => {
+                return Ok(Repair {
+                    partition: t.partition,
+                    state: "healthy",
+                    object: t.key.to_owned(),
+                    problem: None,
+                    report: None,
+                })
+            }
+            Found::Damaged(etag, problem) => (etag, problem),
+        };
+        let ev = self.evidence(t).await?;
+        let (mut m, report) = rebuild::rebuild(t.incarnation, ev);
+        let mut out = Repair {
+            partition: t.partition,
+            state: "corrupt",
+            object: t.key.to_owned(),
+            problem: Some(problem),
+            report: Some(report),
+        };
+        if dry_run {
+            return Ok(out);
+        }
+        m.stamp(&format!("repair-{}", self.ids.new_id()));
+        let body = m.encode().map_err(BrokerError::Internal)?;
+        let put = match &etag {
+            Some(e) => self.store.put_if_match(t.key, body, e).await,
+            None => self.store.put_if_absent(t.key, body).await,
+        };
+        match put {
+            Ok(_) => {}
+            Err(StoreError::Conflict) | Err(StoreError::NotFound) => {
+                return Err(BrokerError::Contention)
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::warn!(object = %t.key, report = ?out.report,
+            "corrupt manifest rebuilt: unsettled messages are delivered again at new offsets");
+        out.state = "repaired";
+        Ok(out)
+    }
+
+    /// Reads the manifest and says whether it is damaged.
+    async fn inspect(&self, t: &Target<'_>) -> BrokerResult<Found> {
+        match self.store.get(t.key).await {
+            Ok(Some(o)) => match Manifest::decode(&o.data, &t.incarnation.to_owned()) {
+                Ok(_) => Ok(Found::Healthy),
+                Err(Invalid::Corrupt(why)) => Ok(Found::Damaged(Some(o.etag), why)),
+                Err(Invalid::Superseded) => Err(BrokerError::StaleTopic),
+            },
+            Ok(None) => {
+                let ckpts = self
+                    .store
+                    .list(&keys::checkpoints_prefix(t.topic, t.partition))
+                    .await?;
+                let ours = self.newest_checkpoint(t, ckpts).await?.is_some();
+                Ok(if ours {
+                    Found::Damaged(None, "the manifest is missing".into())
+                } else {
+                    Found::Healthy
+                })
+            }
+            Err(StoreError::Corrupt(why)) => {
+                // The store reports the body damaged: take its ETag from a listing.
+                let dir = t.key.rsplit_once('/').map_or("", |(d, _)| d);
+                let listed = self.store.list_files(&format!("{dir}/")).await?;
+                let etag = listed.into_iter().find(|l| l.key == t.key).map(|l| l.etag);
+                Ok(Found::Damaged(etag, why.to_string()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The newest checkpoint of `t`'s incarnation among `keys` that reads.
+    async fn newest_checkpoint(
+        &self,
+        t: &Target<'_>,
+        mut keys: Vec<String>,
+    ) -> BrokerResult<Option<Manifest>> {
+        keys.sort_by_key(|k| std::cmp::Reverse(keys::checkpoint_version(k)));
+        for k in keys {
+            match self.store.get(&k).await {
+                Ok(Some(o)) => match Manifest::decode_exact(&o.data, t.incarnation) {
+                    Some(m) => return Ok(Some(m)),
+                    None => {
+                        tracing::warn!(key = %k, "checkpoint unreadable or of another incarnation; skipped")
+                    }
+                },
+                Ok(None) => {}
+                Err(StoreError::Corrupt(why)) => {
+                    tracing::warn!(key = %k, %why, "checkpoint damaged; skipped");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    /// What survives of `t`: its newest checkpoint, the checkpoint's unsettled segments,
+    /// and the segments it does not name.
+    async fn evidence(&self, t: &Target<'_>) -> BrokerResult<Evidence> {
+        let reader = Reader::new(&self.store, &self.caches.segments, &self.caches.indexes);
+        let ckpts = self
+            .store
+            .list(&keys::checkpoints_prefix(t.topic, t.partition))
+            .await?;
+        let checkpoint = self.newest_checkpoint(t, ckpts).await?;
+        let mut ev = Evidence::default();
+        let mut named: HashSet<String> = HashSet::new();
+        if let Some(c) = &checkpoint {
+            let mut all: Vec<SegmentRef> = c.segments.clone();
+            let mut stack: Vec<IndexRef> = c.indexes.clone();
+            while let Some(r) = stack.pop() {
+                match reader.index(t.topic, t.partition, &r.id).await {
+                    Ok(Some(i)) => match &i.entries {
+                        Entries::Segments(list) => all.extend(list.iter().cloned()),
+                        Entries::Indexes(refs) => stack.extend(refs.iter().cloned()),
+                    },
+                    // Its segments then count as unnamed: delivered, not lost.
+                    Ok(None) => tracing::warn!(index = %r.id, "a checkpoint's index is gone"),
+                    Err(e) => {
+                        tracing::warn!(index = %r.id, error = %e, "a checkpoint's index is unreadable")
+                    }
+                }
+            }
+            for s in all {
+                if s.base_offset + u64::from(s.count) > c.frontier {
+                    ev.unsettled.push(s.clone());
+                }
+                named.insert(s.id);
+            }
+        } else {
+            // No checkpoint: every surviving index object bounds the offsets used.
+            let prefix = keys::index(t.topic, t.partition, "");
+            for k in self.store.list(&prefix).await? {
+                let id = k.rsplit('/').next().unwrap_or_default();
+                if let Ok(Some(i)) = reader.index(t.topic, t.partition, id).await {
+                    let end = match &i.entries {
+                        Entries::Segments(l) => {
+                            l.iter().map(|s| s.base_offset + u64::from(s.count)).max()
+                        }
+                        Entries::Indexes(l) => l.iter().map(|r| r.end_offset).max(),
+                    };
+                    ev.floor = ev.floor.max(end.unwrap_or(0));
+                }
+            }
+        }
+        for k in self
+            .store
+            .list(&keys::segments_prefix(t.topic, t.partition))
+            .await?
+        {
+            let id = k.rsplit('/').next().unwrap_or_default().to_owned();
+            // Named, or left over from an earlier topic of the same name.
+            if named.contains(&id) || keys::segment_time(&id).unwrap_or(0) < t.created_at_ms {
+                continue;
+            }
+            match reader.segment(t.topic, t.partition, &id).await {
+                Ok(Some(seg)) => ev.unnamed.push(SegmentRef {
+                    id,
+                    base_offset: 0,
+                    count: seg.messages.len() as u32,
+                    last_produced_ms: seg
+                        .messages
+                        .iter()
+                        .map(|m| m.produced_at_ms)
+                        .max()
+                        .unwrap_or(0),
+                    bytes: seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
+                }),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(segment = %k, error = %e, "unreadable segment left out of the repair: its messages are lost");
+                    ev.unreadable.push(id);
+                }
+            }
+        }
+        ev.checkpoint = checkpoint;
+        Ok(ev)
+    }
+
+    /// Writes the checkpoint `m` asked for and deletes checkpoint `expired` (0: none).
+    /// A failure is logged and otherwise ignored: the next checkpoint comes soon.
+    pub(super) async fn write_checkpoint(&self, q: &Queue, m: &Manifest, expired: u64) {
+        let key = keys::checkpoint(&q.topic, q.partition, m.version);
+        let body = match m.encode() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(%key, error = %e, "cannot encode a checkpoint (a bug)");
+                return;
+            }
+        };
+        if let Err(e) = self.store.put_if_absent(&key, body).await {
+            tracing::debug!(%key, error = %e, "checkpoint not written");
+            return;
+        }
+        if expired > 0 {
+            let old = keys::checkpoint(&q.topic, q.partition, expired);
+            if let Err(e) = self.store.delete(&old).await {
+                tracing::debug!(key = %old, error = %e, "old checkpoint not deleted");
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Rebuilding a partition whose manifest is corrupt or gone (docs/design.md §7), from
+//! what survives it: the newest readable checkpoint (a copy of an earlier manifest, written
+//! at least every [`super::CHECKPOINT_EVERY`] versions) and the segment objects.
+//!
+//! What the lost manifest said after the checkpoint is unknown: which segments it
+//! committed, which offsets it handed out, which messages were settled. So the rebuilt
+//! state assumes the worst in the direction that loses nothing:
+//! * every segment the checkpoint does not name (committed after it, or an orphan of a
+//!   produce that failed) is delivered: nothing acknowledged is lost, and a produce that
+//!   answered an error may be delivered after all (at least once);
+//! * every message the checkpoint had not settled is delivered again;
+//! * all of them get **fresh offsets**, above every offset the lost manifest can have
+//!   handed out (the checkpoint's next offset plus every message it did not name), so no
+//!   offset ever names two payloads. Every offset below is retired, settled history
+//!   included (the lost range would break the offsets' contiguity): a replay of one is
+//!   410 `offset_expired`, and a receipt handle for one is 410 `lease_gone`.
+//!
+//! Leases, acks ahead and delays are not carried over (the messages come again at once);
+//! idempotency keys the checkpoint remembers are kept.
+
+use serde::Serialize;
+
+use super::combine::Combinable;
+use super::{Manifest, SegmentRef};
+
+/// How far a rebuilt manifest's version jumps past the checkpoint's: more versions than
+/// can have been written since (a checkpoint is at most [`super::CHECKPOINT_EVERY`]
+/// versions old when its writes succeed), so versions keep climbing.
+pub const VERSION_JUMP: u64 = 1 << 20;
+
+/// What survives of a partition.
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    /// The newest readable checkpoint of this incarnation, if any.
+    pub checkpoint: Option<Manifest>,
+    /// The checkpoint's segments holding an offset at or above its frontier, in offset
+    /// order, with their base offsets then (hot ones, and ones found through its indexes).
+    pub unsettled: Vec<SegmentRef>,
+    /// Segments the checkpoint does not name, with their message counts (bases unknown).
+    pub unnamed: Vec<SegmentRef>,
+    /// One past the highest offset any surviving index object names (for a partition
+    /// without a checkpoint).
+    pub floor: u64,
+    /// Segments that exist but cannot be read: their messages are lost.
+    pub unreadable: Vec<String>,
+}
+
+/// What a rebuild restores and what it retires.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The checkpoint it started from.
+    pub checkpoint_version: Option<u64>,
+    /// Offsets `[from, to)` that are no longer readable: the checkpoint's retained ones
+    /// (settled history is not kept) and every one the lost manifest may have handed out.
+    pub retired: (u64, u64),
+    /// Messages the checkpoint had not settled: delivered again, at new offsets.
+    pub redelivered: u64,
+    /// Messages of segments the checkpoint did not name, at new offsets.
+    pub recovered: u64,
+    /// How many such segments.
+    pub recovered_segments: usize,
+    /// The rebuilt partition's offsets `[start, next)`.
+    pub offsets: (u64, u64),
+    /// Segments left out because they cannot be read (their messages are lost).
+    pub unreadable_segments: Vec<String>,
+}
+
+/// The rebuilt manifest of `incarnation` from `ev`.
+pub fn rebuild(incarnation: &str, mut ev: Evidence) -> (Manifest, Report) {
+    let ckpt = ev
+        .checkpoint
+        .take()
+        .unwrap_or_else(|| Manifest::empty(incarnation));
+    ev.unsettled.sort_by_key(|s| s.base_offset);
+    ev.unnamed.sort_by(|a, b| a.id.cmp(&b.id));
+    let count = |v: &[SegmentRef]| v.iter().map(|s| u64::from(s.count)).sum::<u64>();
+    let recovered = count(&ev.unnamed);
+    let bound = ckpt.next_offset.max(ev.floor) + recovered;
+    let mut m = Manifest::empty(incarnation);
+    m.version = ckpt.version + VERSION_JUMP;
+    m.start_offset = bound;
+    m.frontier = bound;
+    m.next_offset = bound;
+    for s in ev.unsettled.iter().chain(&ev.unnamed) {
+        m.segments.push(SegmentRef {
+            base_offset: m.next_offset,
+            ..s.clone()
+        });
+        m.next_offset += u64::from(s.count);
+    }
+    m.dedup = ckpt.dedup.clone();
+    m.dedup_chunks = ckpt.dedup_chunks.clone();
+    // Every combinable segment seen is decided now (landed here): none lands twice.
+    let newest = ev
+        .unnamed
+        .iter()
+        .filter(|s| Combinable::parse(&s.id).is_some())
+        .map(|s| s.id.clone())
+        .max()
+        .unwrap_or_default();
+    m.combined_through = ckpt.combined_through.clone().max(newest);
+    m.landed_floor = m.combined_through.clone();
+    let report = Report {
+        checkpoint_version: (ckpt.version > 0).then_some(ckpt.version),
+        retired: (ckpt.start_offset, bound),
+        redelivered: count(&ev.unsettled),
+        recovered,
+        recovered_segments: ev.unnamed.len(),
+        offsets: (m.start_offset, m.next_offset),
+        unreadable_segments: std::mem::take(&mut ev.unreadable),
+    };
+    (m, report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::testing::{leased, manifest_with};
+
+    fn seg(id: &str, base: u64, count: u32) -> SegmentRef {
+        SegmentRef {
+            id: id.into(),
+            base_offset: base,
+            count,
+            last_produced_ms: 1,
+            bytes: u64::from(count),
+        }
+    }
+
+    #[test]
+    fn unsettled_and_unnamed_messages_get_fresh_offsets_above_any_handed_out() {
+        // Checkpoint: offsets 0..10 in two segments, frontier 6, a lease on 7.
+        let mut ckpt = manifest_with(0);
+        ckpt.segments = vec![seg("a", 0, 5), seg("b", 5, 5)];
+        ckpt.next_offset = 10;
+        ckpt.frontier = 6;
+        ckpt.version = 32;
+        leased(&mut ckpt, &[7], 30, 9999);
+        let ev = Evidence {
+            unsettled: vec![seg("b", 5, 5)],
+            unnamed: vec![seg("d", 0, 2), seg("c", 0, 3)],
+            checkpoint: Some(ckpt),
+            ..Evidence::default()
+        };
+        let (m, r) = rebuild("i", ev);
+        // 10 offsets known, 5 more may have been handed out for c and d: fresh from 15.
+        assert_eq!((m.start_offset, m.frontier, m.next_offset), (15, 15, 25));
+        let placed: Vec<(&str, u64)> = m
+            .segments
+            .iter()
+            .map(|s| (s.id.as_str(), s.base_offset))
+            .collect();
+        assert_eq!(placed, vec![("b", 15), ("c", 20), ("d", 23)]);
+        assert!(m.leases.is_empty() && m.acked_ahead.is_empty());
+        assert_eq!(m.version, 32 + VERSION_JUMP);
+        assert_eq!(
+            r,
+            Report {
+                checkpoint_version: Some(32),
+                retired: (0, 15),
+                redelivered: 5,
+                recovered: 5,
+                recovered_segments: 2,
+                offsets: (15, 25),
+                unreadable_segments: Vec::new(),
+            }
+        );
+    }
+
+    #[test]
+    fn without_a_checkpoint_every_segment_is_delivered_above_the_index_floor() {
+        let ev = Evidence {
+            unnamed: vec![seg("x", 0, 4)],
+            floor: 100,
+            ..Evidence::default()
+        };
+        let (m, r) = rebuild("i", ev);
+        assert_eq!((m.start_offset, m.next_offset), (104, 108));
+        assert_eq!(r.checkpoint_version, None);
+        assert_eq!(m.version, VERSION_JUMP);
+    }
+}
