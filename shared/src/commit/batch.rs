@@ -378,7 +378,7 @@ impl Committer {
         if !batch.produces.is_empty() {
             lock(&q.state).sweep_with = Some((batch.rules, topic_etag.clone()));
         }
-        let combining = combinable(&batch) && batch.produces_only() && self.contended(q);
+        let mut combining = combinable(&batch) && batch.produces_only() && self.contended(q);
         let mut head = None;
         if combining {
             match self
@@ -396,6 +396,8 @@ impl Committer {
                     self.start_sweeping(q);
                 }
                 Ok(Head::Direct(snap)) => cache = snap,
+                // The manifest was rebuilt: commit directly, from a fresh read.
+                Err(BrokerError::Corrupt(_)) if self.self_repair(q).await => combining = false,
                 Err(e) => {
                     replies.fail(&e);
                     return None;
