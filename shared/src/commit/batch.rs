@@ -396,6 +396,27 @@ impl Committer {
                     self.start_sweeping(q);
                 }
                 Ok(Head::Direct(snap)) => cache = snap,
+                Ok(Head::Corrupt(segment, plan)) => {
+                    let repaired = match self.self_repair(q).await {
+                        true => self.read_manifest(q).await,
+                        false => Err(BrokerError::Corrupt(q.key.clone())),
+                    };
+                    match repaired {
+                        Ok(snap) => {
+                            cache = Some(snap.clone());
+                            head = Some(Ready {
+                                segment: Some(segment),
+                                plan: Some(plan),
+                                foreign: Vec::new(),
+                                snap,
+                            });
+                        }
+                        Err(e) => {
+                            replies.fail(&e);
+                            return None;
+                        }
+                    }
+                }
                 // The manifest was rebuilt: commit directly, from a fresh read.
                 Err(BrokerError::Corrupt(_)) if self.self_repair(q).await => combining = false,
                 Err(e) => {

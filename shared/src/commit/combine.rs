@@ -88,6 +88,9 @@ pub(super) enum Head {
     Commit(Ready),
     /// The ordinary path (the manifest does not exist yet), from this snapshot.
     Direct(Option<Snapshot<Manifest>>),
+    /// The manifest turned out corrupt after this batch's segment (planned by this plan)
+    /// was written: repair, then commit it (a rebuild may have taken it in already).
+    Corrupt(SegmentRef, Plan),
 }
 
 /// How long to wait before reading the manifest: first two and a half store round trips
@@ -279,7 +282,13 @@ impl Committer {
             tokio::time::sleep(poll_after(round_trip, round == 0)).await;
             round += 1;
             self.stats.polls.fetch_add(1, Ordering::Relaxed);
-            let unchanged = cell.refresh::<BrokerError>(&mut snap).await?;
+            let unchanged = match cell.refresh::<BrokerError>(&mut snap).await {
+                Ok(u) => u,
+                Err(crate::cas::CasError::Corrupt { .. }) => {
+                    return Ok(Head::Corrupt(segment, plan))
+                }
+                Err(e) => return Err(e.into()),
+            };
             if !unchanged {
                 self.mark_contended(q);
             }

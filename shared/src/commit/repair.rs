@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::cas::{Invalid, Stored};
+use crate::cas::{Cell, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::objects::Reader;
@@ -314,6 +314,14 @@ impl Committer {
         }
         ev.checkpoint = checkpoint;
         Ok(ev)
+    }
+
+    /// The manifest of `q` as stored now.
+    ///
+    /// Errors: store failures, [`BrokerError::Corrupt`].
+    pub(super) async fn read_manifest(&self, q: &Queue) -> BrokerResult<Snapshot<Manifest>> {
+        let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
+        Ok(cell.read::<BrokerError>().await?)
     }
 
     /// Writes the checkpoint `m` asked for and deletes checkpoint `expired` (0: none).

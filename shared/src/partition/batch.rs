@@ -251,8 +251,14 @@ fn place_segments(
             base = bases[i];
         }
     } else if let Some(seg) = segment {
-        base = Some(produce::place(m, seg));
-        placed = true;
+        // Named already (a rebuild took in this batch's segment, written before the
+        // manifest was found corrupt): never placed twice.
+        if let Some(named) = m.segments.iter().find(|s| s.id == seg.id) {
+            base = Some(named.base_offset);
+        } else {
+            base = Some(produce::place(m, seg));
+            placed = true;
+        }
     }
     (base, placed, landed_foreign)
 }
@@ -398,6 +404,31 @@ mod tests {
         let got: Vec<u64> = a.leased[0].grants.iter().map(|g| g.offset).collect();
         assert_eq!(got, vec![2]);
         assert!(a.wake);
+        check_invariants(&m);
+    }
+
+    #[test]
+    fn a_segment_the_manifest_names_already_is_answered_not_placed_again() {
+        // A rebuild took in this batch's segment (written before the damage was found).
+        let mut m = manifest_with(2);
+        let mut seg = segment(1, 5);
+        seg.base_offset = 2;
+        m.segments.push(seg.clone());
+        m.next_offset = 3;
+        let mut batch = Batch::new(rules());
+        batch.produces.push(produce(1));
+        let plan = Plan::new(&batch.produces, &m, 5, &|_| None);
+        let written = Written {
+            plan: &plan,
+            segment: Some(&seg),
+            found_at: None,
+            foreign: &[],
+            upkeep: &Upkeep::default(),
+            keys: &Keys::default(),
+        };
+        let a = applied(apply(&mut m, 5, &batch, written));
+        assert_eq!(a.produced, vec![Ok(vec![2])]);
+        assert_eq!((m.next_offset, m.segments.len()), (3, 2));
         check_invariants(&m);
     }
 
