@@ -153,13 +153,16 @@ async fn narad_repair_reports_then_rebuilds_a_corrupt_partition() {
 }
 
 /// A store that tears writes the way LocalStack does when the writing process dies: the
-/// object keeps the first half of the new body and the writer gets a 500. Seeded; on while
-/// `on` is set.
+/// object keeps the first half of the new body and the writer gets a 500. A torn manifest
+/// is then, on every other read, reported damaged by the store itself (the SDK's response
+/// checksum failing) instead of returned. Seeded; on while `on` is set.
 struct TornStore {
     inner: DynStore,
     rng: std::sync::Mutex<rand::rngs::StdRng>,
     on: std::sync::atomic::AtomicBool,
     torn: std::sync::atomic::AtomicU64,
+    /// Torn manifests (key, ETag) and reads of them so far.
+    torn_manifests: std::sync::Mutex<HashMap<(String, String), u64>>,
 }
 
 impl TornStore {
@@ -197,7 +200,19 @@ impl narad_shared::store::Store for TornStore {
         &self,
         key: &str,
     ) -> narad_shared::store::StoreResult<Option<narad_shared::store::Object>> {
-        self.inner.get(key).await
+        let got = self.inner.get(key).await?;
+        if let Some(o) = &got {
+            let mut torn = self.torn_manifests.lock().unwrap();
+            if let Some(reads) = torn.get_mut(&(key.to_owned(), o.etag.clone())) {
+                *reads += 1;
+                if *reads % 2 == 1 {
+                    return Err(narad_shared::store::StoreError::Corrupt(
+                        "injected: body checksum mismatch".into(),
+                    ));
+                }
+            }
+        }
+        Ok(got)
     }
     async fn get_if_changed(
         &self,
@@ -224,7 +239,11 @@ impl narad_shared::store::Store for TornStore {
         etag: &str,
     ) -> narad_shared::store::StoreResult<String> {
         if self.tear(key) {
-            self.inner.put_if_match(key, half(&data), etag).await?;
+            let etag = self.inner.put_if_match(key, half(&data), etag).await?;
+            if key.ends_with("manifest.json") {
+                let mut torn = self.torn_manifests.lock().unwrap();
+                torn.insert((key.to_owned(), etag), 0);
+            }
             return Err(torn());
         }
         self.inner.put_if_match(key, data, etag).await
@@ -234,6 +253,12 @@ impl narad_shared::store::Store for TornStore {
     }
     async fn list(&self, prefix: &str) -> narad_shared::store::StoreResult<Vec<String>> {
         self.inner.list(prefix).await
+    }
+    async fn list_files(
+        &self,
+        prefix: &str,
+    ) -> narad_shared::store::StoreResult<Vec<narad_shared::store::Listed>> {
+        self.inner.list_files(prefix).await
     }
     fn describe(&self) -> String {
         "torn".into()
@@ -263,6 +288,7 @@ async fn torn_writes_are_repaired_and_every_invariant_holds() {
         rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
         on: std::sync::atomic::AtomicBool::new(false),
         torn: std::sync::atomic::AtomicU64::new(0),
+        torn_manifests: std::sync::Mutex::new(HashMap::new()),
     });
     let s = Server::start_on(
         store.clone(),
@@ -384,10 +410,22 @@ async fn torn_writes_are_repaired_and_every_invariant_holds() {
             p["version"].as_u64().unwrap() >= narad_shared::partition::rebuild::VERSION_JUMP
         })
         .count();
+    let damaged_reads: u64 = store
+        .torn_manifests
+        .lock()
+        .unwrap()
+        .values()
+        .map(|r| r.div_ceil(2))
+        .sum();
     println!(
-        "seed {seed}: {} writes torn, {repaired} partitions repaired, {} produces",
+        "seed {seed}: {} writes torn, {damaged_reads} manifest reads reported damaged by the store, \
+         {repaired} partitions repaired, {} produces",
         store.torn.load(SeqCst),
         acked_produce.len()
+    );
+    assert!(
+        damaged_reads > 0,
+        "seed {seed}: the store must report damage too"
     );
     assert!(repaired > 0, "seed {seed}: the test must exercise repairs");
 }

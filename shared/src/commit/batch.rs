@@ -24,9 +24,10 @@ use tokio::sync::oneshot;
 
 use super::combine::{Head, Ready};
 use super::ordering::KEY_ROUNDS;
+use super::repair::damaged;
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
-use crate::cas::{CasError, Cell, Change, Decision, Invalid, Snapshot, Stored};
+use crate::cas::{Cell, Change, Decision, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
@@ -36,7 +37,7 @@ use crate::partition::produce::{Plan, Unplaced};
 use crate::partition::{Layout, Manifest, Rules, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
 use crate::settings::TopicSettings;
-use crate::store::Fetched;
+use crate::store::{Fetched, StoreError};
 use crate::topic::TopicRecord;
 
 /// A batch to commit, the callers to answer, and the topic record ETag its producers saw.
@@ -418,7 +419,11 @@ impl Committer {
                     }
                 }
                 // The manifest was rebuilt: commit directly, from a fresh read.
-                Err(BrokerError::Corrupt(_)) if self.self_repair(q).await => combining = false,
+                Err(BrokerError::Corrupt(_) | BrokerError::Store(StoreError::Corrupt(_)))
+                    if self.self_repair(q).await =>
+                {
+                    combining = false
+                }
                 Err(e) => {
                     replies.fail(&e);
                     return None;
@@ -477,7 +482,7 @@ impl Committer {
         }
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let mut result = cell.update_cached(&mut cache, &mut change).await;
-        if matches!(result, Err(CasError::Corrupt { .. })) && self.self_repair(q).await {
+        if matches!(&result, Err(e) if damaged(e)) && self.self_repair(q).await {
             cache = None;
             result = cell.update_cached(&mut cache, &mut change).await;
         }

@@ -284,9 +284,7 @@ impl Committer {
             self.stats.polls.fetch_add(1, Ordering::Relaxed);
             let unchanged = match cell.refresh::<BrokerError>(&mut snap).await {
                 Ok(u) => u,
-                Err(crate::cas::CasError::Corrupt { .. }) => {
-                    return Ok(Head::Corrupt(segment, plan))
-                }
+                Err(e) if super::repair::damaged(&e) => return Ok(Head::Corrupt(segment, plan)),
                 Err(e) => return Err(e.into()),
             };
             if !unchanged {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::cas::{Cell, Invalid, Snapshot, Stored};
+use crate::cas::{CasError, Cell, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::objects::Reader;
@@ -36,6 +36,15 @@ use super::{Committer, Queue};
 
 /// How long a self-repair waits before reading a corrupt manifest the second time.
 const CONFIRM_AFTER: Duration = Duration::from_millis(200);
+
+/// True when a manifest read or update failed on a damaged object (it does not decode,
+/// or the store reports its body damaged): what [`Committer::self_repair`] answers.
+pub(super) fn damaged<E>(e: &CasError<E>) -> bool {
+    matches!(
+        e,
+        CasError::Corrupt { .. } | CasError::Store(StoreError::Corrupt(_))
+    )
+}
 
 /// The partition a repair works on.
 struct Target<'a> {
@@ -113,9 +122,11 @@ impl Committer {
             return true;
         }
         tokio::time::sleep(CONFIRM_AFTER).await;
-        match self.inspect(&t).await {
-            Ok(again) if again == first && matches!(first, Found::Damaged(Some(_), _)) => {}
-            Ok(Found::Healthy) => return true,
+        // The same object (ETag) damaged again, however it shows it.
+        match (self.inspect(&t).await, &first) {
+            (Ok(Found::Damaged(Some(again), _)), Found::Damaged(Some(etag), _))
+                if again == *etag => {}
+            (Ok(Found::Healthy), _) => return true,
             _ => return false,
         }
         match self.repair_found(&t, first, false).await {

@@ -8,7 +8,9 @@
 //! * [`produce`]: plan which messages are new and which are retries (idempotency keys),
 //!   then append a segment;
 //! * [`settle`]: ack, extend, nack a lease;
-//! * [`lease`]: hand out the lowest available offsets, park messages for dead-lettering;
+//! * [`lease`]: hand out the lowest available offsets (per key, on ordered topics), park
+//!   messages for dead-lettering;
+//! * [`delay`]: runs of delayed offsets;
 //! * [`compact`]: swap runs of segments for merged ones;
 //! * [`combine`]: land segments any process may commit, each at most once;
 //! * [`batch`]: one group commit's operations applied in their fixed order;
@@ -33,6 +35,7 @@ pub mod codec;
 pub mod combine;
 pub mod compact;
 pub mod dedup;
+pub mod delay;
 pub mod index;
 pub mod lease;
 pub mod produce;
@@ -48,6 +51,7 @@ use crate::cas::{Invalid, Stored};
 use crate::settings::TopicSettings;
 
 pub use dedup::{ChunkRef, Dedup, MAX_DEDUP_KEYS};
+pub use delay::Delayed;
 pub use index::IndexRef;
 pub use lease::{Grant, Leased};
 pub use settle::{Refused, Settle};
@@ -144,31 +148,6 @@ pub struct Lease {
     /// it, so that ordering need not read its segment again (absent: not recorded).
     #[serde(default, rename = "k", skip_serializing_if = "Option::is_none")]
     pub key_hash: Option<u32>,
-}
-
-/// Offsets `[from, to)` are not delivered before wall-clock ms `until_ms` (a delayed
-/// produce). Stored as a three-number JSON array to keep manifests small.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "(u64, u64, u64)", into = "(u64, u64, u64)")]
-pub struct Delayed {
-    /// First delayed offset.
-    pub from: u64,
-    /// One past the last.
-    pub to: u64,
-    /// Not delivered before this, wall-clock ms.
-    pub until_ms: u64,
-}
-
-impl From<(u64, u64, u64)> for Delayed {
-    fn from((from, to, until_ms): (u64, u64, u64)) -> Self {
-        Self { from, to, until_ms }
-    }
-}
-
-impl From<Delayed> for (u64, u64, u64) {
-    fn from(d: Delayed) -> Self {
-        (d.from, d.to, d.until_ms)
-    }
 }
 
 /// A partition's whole mutable state.
@@ -278,54 +257,6 @@ impl Manifest {
         let json = crate::cas::open_json(data).ok()?;
         let raw: serde_json::Value = serde_json::from_slice(json).ok()?;
         (raw.get("incarnation")?.as_str()? == incarnation).then_some(m)
-    }
-
-    /// The run of delayed offsets holding `offset` and not yet due at `now_ms`, if any.
-    pub fn delayed_run(&self, offset: u64, now_ms: u64) -> Option<&Delayed> {
-        let i = self.delayed.partition_point(|d| d.from <= offset);
-        let d = self.delayed.get(i.checked_sub(1)?)?;
-        (offset < d.to && d.until_ms > now_ms).then_some(d)
-    }
-
-    /// When `offset`'s delay ends, if it is delayed at `now_ms`.
-    pub fn delayed_until(&self, offset: u64, now_ms: u64) -> Option<u64> {
-        self.delayed_run(offset, now_ms).map(|d| d.until_ms)
-    }
-
-    /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
-    /// could get, flow control aside.
-    pub fn available_count(&self, now_ms: u64) -> u64 {
-        let held = self.in_flight(now_ms) as u64
-            + self.acked_ahead.len() as u64
-            + self.delayed_count(now_ms);
-        (self.next_offset - self.frontier).saturating_sub(held)
-    }
-
-    /// Messages still delayed at `now_ms`.
-    pub fn delayed_count(&self, now_ms: u64) -> u64 {
-        self.delayed
-            .iter()
-            .filter(|d| d.until_ms > now_ms)
-            .map(|d| d.to.saturating_sub(d.from.max(self.frontier)))
-            .sum()
-    }
-
-    /// Delays `[from, to)` until `until_ms`, extending the last run when it ends at `from`
-    /// with the same time. Offsets are delayed as they are appended, so runs stay ordered.
-    pub fn delay(&mut self, from: u64, to: u64, until_ms: u64) {
-        match self.delayed.last_mut() {
-            Some(d) if d.to == from && d.until_ms == until_ms => d.to = to,
-            _ => self.delayed.push(Delayed { from, to, until_ms }),
-        }
-    }
-
-    /// Forgets runs that are due at `now_ms` or below the frontier; true if any left.
-    pub fn expire_delays(&mut self, now_ms: u64) -> bool {
-        let before = self.delayed.len();
-        let frontier = self.frontier;
-        self.delayed
-            .retain(|d| d.until_ms > now_ms && d.to > frontier);
-        self.delayed.len() != before
     }
 
     /// Leases still live at `now_ms`.
