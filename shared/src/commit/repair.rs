@@ -131,6 +131,8 @@ impl Committer {
         }
         match self.repair_found(&t, first, false).await {
             Ok(r) => r.state == "repaired",
+            // Another process repaired it first (its write changed the ETag).
+            Err(BrokerError::Contention) => matches!(self.inspect(&t).await, Ok(Found::Healthy)),
             Err(e) => {
                 tracing::error!(object = %q.key, error = %e,
                     "self-repair failed; run `narad repair {} {}`", q.topic, q.partition);
