@@ -63,13 +63,15 @@ pub fn require_users(cfg: &Config) -> Result<Users, String> {
 }
 
 /// JSON log lines on stdout (Lambda ships them to CloudWatch Logs), filtered by `NARAD_LOG`
-/// (default `info`).
+/// (default `info`), each with the fields of the request or commit span it was logged in.
 pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
-        .with_current_span(false)
+        // Each line names its request or commit (`http::trace`, `commit_span`).
+        .with_current_span(true)
+        .with_span_list(false)
         .with_target(false)
         .with_env_filter(
             EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| EnvFilter::new("info")),

@@ -165,3 +165,117 @@ async fn serve_without_auth_generates_and_prints_a_password() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let _ = child.kill().await;
 }
+
+/// Every log line of a request names it (the id the client sent, or one the response
+/// carries back), its route and topic, and the commit that carried its operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_name_their_request_and_its_commit() {
+    if narad_tests::skip_in_external_mode("narad serve processes of its own") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(narad_tests::narad_binary())
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--store",
+            &format!("file://{}", dir.path().display()),
+        ])
+        .env("NARAD_AUTH", format!("{USER}:{PASS}"))
+        // An operator's access log: warnings, plus each finished request.
+        .env("NARAD_LOG", "warn,narad_shared::http::trace=debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..300 {
+        if http.get(format!("{base}/health")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let send = |method: reqwest::Method, path: &str, id: &str, pass: &str| {
+        http.request(method, format!("{base}{path}"))
+            .basic_auth(USER, Some(pass))
+            .header("x-request-id", id)
+            .body("hello")
+    };
+    let r = send(reqwest::Method::PUT, "/v1/topics/traced", "t-create", PASS)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = send(
+        reqwest::Method::POST,
+        "/v1/topics/traced/produce",
+        "t-produce-1",
+        PASS,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(r.headers()["x-request-id"], "t-produce-1");
+    let r = send(
+        reqwest::Method::GET,
+        "/v1/topics/traced",
+        "t-login-2",
+        "guess",
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(r.headers()["x-request-id"], "t-login-2");
+    // An id that is not well-formed is replaced, and the fresh one answered.
+    let r = send(reqwest::Method::GET, "/health", "no spaces allowed", PASS)
+        .send()
+        .await
+        .unwrap();
+    let fresh = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(fresh.len(), 32, "a fresh id: {fresh}");
+
+    let (mut produced, mut refused, mut health) = (None, None, None);
+    while produced.is_none() || refused.is_none() || health.is_none() {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the log names every request")
+            .unwrap()
+            .expect("stderr open");
+        if line.contains("id=t-produce-1") && line.contains("request done") {
+            produced = Some(line);
+        } else if line.contains("id=t-login-2") && line.contains("failed login") {
+            refused = Some(line);
+        } else if line.contains(&format!("id={fresh}")) {
+            health = Some(line);
+        }
+    }
+    let produced = produced.unwrap();
+    for want in [
+        "method=POST",
+        "route=/v1/topics/{topic}/produce",
+        "topic=traced",
+        "status=201",
+    ] {
+        assert!(produced.contains(want), "{want} in {produced}");
+    }
+    let commit: u64 = produced
+        .split("commit=")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a commit id in {produced}"));
+    assert!(commit >= 1);
+    assert!(refused.unwrap().contains("route=/v1/topics/{topic}"));
+    assert!(health.unwrap().contains("route=/health"));
+    let _ = child.kill().await;
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::{check_partition, partition_for_key, Broker};
 use crate::error::{BrokerError, BrokerResult};
@@ -128,7 +129,9 @@ impl Broker {
                 })
                 .collect();
             let (committer, topic) = (self.committer.clone(), topic.clone());
-            tasks.spawn(async move { (p, idx, committer.produce(&topic, p, stored).await) });
+            // In the request's span, so the commit that carries it is named in its log lines.
+            let task = async move { (p, idx, committer.produce(&topic, p, stored).await) };
+            tasks.spawn(task.in_current_span());
         }
         let mut stale = false;
         while let Some(joined) = tasks.join_next().await {

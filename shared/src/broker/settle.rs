@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use super::{Broker, Settle};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -78,12 +80,13 @@ impl Broker {
                     let (committer, topic) = (self.committer.clone(), topic.clone());
                     let (p, offset, lease_id, action) =
                         (c.partition, c.offset, c.lease_id, *action);
-                    tasks.spawn(async move {
+                    let task = async move {
                         (
                             i,
                             committer.settle(&topic, p, offset, lease_id, action).await,
                         )
-                    });
+                    };
+                    tasks.spawn(task.in_current_span());
                 }
             }
         }

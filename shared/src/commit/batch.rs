@@ -493,8 +493,11 @@ impl Committer {
                 lock(&q.state).sweeping = false;
             }
         }
+        let span = tracing::Span::current();
+        span.record("attempts", change.attempts);
         match result {
             Ok((mut applied, snap)) => {
+                span.record("version", snap.value.version);
                 if change.wrote {
                     self.stats.commits.fetch_add(1, Ordering::Relaxed);
                     let n = (replies.len() + applied.landed_foreign) as u64;

@@ -27,11 +27,12 @@ mod upkeep;
 pub mod wake;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use crate::cache::Cache;
 use crate::cas::Snapshot;
@@ -141,6 +142,8 @@ struct Pending {
     op: Op,
     rules: Rules,
     topic_etag: String,
+    /// The span of the request that queued it (`http::trace`): it learns its commit's id.
+    span: tracing::Span,
 }
 
 impl Pending {
@@ -214,6 +217,8 @@ pub struct Committer {
     clock: Arc<dyn Clock>,
     wakers: Wakers,
     queues: Mutex<HashMap<(String, String, u32), Arc<Queue>>>,
+    /// The last id given to a batch's span ([`commit_span`]).
+    next_id: AtomicU64,
     /// Counters.
     pub stats: CommitStats,
 }
@@ -251,6 +256,7 @@ impl Committer {
             clock,
             wakers: Wakers::default(),
             queues: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
             stats: CommitStats::default(),
         }
     }
@@ -425,6 +431,7 @@ impl Committer {
                 op,
                 rules: Rules::from(&topic.settings),
                 topic_etag: topic.etag.clone(),
+                span: tracing::Span::current(),
             });
             !std::mem::replace(&mut st.running, true)
         };
@@ -469,13 +476,21 @@ impl Committer {
                     Next::Batch(batch, st.cache.take())
                 }
             };
+            // Batches and sweeps share one id sequence, for the logs.
+            let id = self.next_id.fetch_add(1, AtomicOrdering::Relaxed) + 1;
             match next {
                 Next::Batch(batch, cache) => {
-                    let cache = self.run_batch(&q, batch, cache).await;
+                    let span = commit_span("commit", &q, id, batch.len());
+                    for p in &batch {
+                        span.follows_from(&p.span);
+                        p.span.record("commit", id);
+                    }
+                    let cache = self.run_batch(&q, batch, cache).instrument(span).await;
                     lock(&q.state).cache = cache;
                 }
                 Next::Sweep(cache) => {
-                    let (cache, found) = self.sweep(&q, cache).await;
+                    let span = commit_span("sweep", &q, id, 0);
+                    let (cache, found) = self.sweep(&q, cache).instrument(span).await;
                     let mut st = lock(&q.state);
                     st.cache = cache;
                     st.idle_sweeps = if found { 0 } else { st.idle_sweeps + 1 };
@@ -484,6 +499,22 @@ impl Committer {
             }
         }
     }
+}
+
+/// The span one batch (or sweep) of `q` runs in: the id its requests' spans record, and
+/// the manifest version it wrote and the attempts it took, once known. At ERROR level,
+/// like a request's span (`http::trace`), so that it is there whatever the log filter.
+fn commit_span(kind: &'static str, q: &Queue, id: u64, ops: usize) -> tracing::Span {
+    tracing::error_span!(
+        "commit",
+        kind,
+        id,
+        topic = %q.topic,
+        partition = q.partition,
+        ops,
+        version = tracing::field::Empty,
+        attempts = tracing::field::Empty,
+    )
 }
 
 /// What the drain loop does next.

@@ -4,7 +4,7 @@
 //! Every route under `/v1` and `/metrics` needs HTTP Basic auth ([`auth`]); `/health`
 //! `/openapi.json` (the contract, [`OPENAPI`], listed route by route in [`ROUTES`]) and
 //! the web console's files under `/console` do not. One file per group of routes under [`handlers`]; request parsing in [`extract`],
-//! limits in [`limits`], the request-body budget and deadline in [`admission`], response
+//! limits in [`limits`], the span every request runs in in [`trace`], the request-body budget and deadline in [`admission`], response
 //! shapes in [`views`], and [`error`] the one place where broker errors become statuses
 //! and JSON error codes. Handlers parse, call one broker operation, and render: they hold
 //! no logic of their own.
@@ -18,6 +18,7 @@ mod handlers;
 pub mod limits;
 mod serve;
 pub mod tls;
+pub mod trace;
 mod views;
 
 use std::sync::Arc;
@@ -125,5 +126,7 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
         .merge(v1)
         .fallback(handlers::ops::not_found)
         .method_not_allowed_fallback(handlers::ops::method_not_allowed)
+        // Outermost: every log line of a request, auth's included, carries its span.
+        .layer(middleware::from_fn(trace::request))
         .with_state(state)
 }
