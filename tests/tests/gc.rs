@@ -219,3 +219,42 @@ async fn compaction_merges_small_segments_without_losing_anything() {
     let d = b.replay("c", 0, 39, Duration::ZERO).await.unwrap().unwrap();
     assert_eq!(d.payload, Bytes::from("m39"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_a_failed_delete_left_behind_are_collected_and_the_two_newest_kept() {
+    let (store, _dir) = test_store().await;
+    let clock = ManualClock::new(T0);
+    let b = broker(store.clone(), &clock).await;
+    b.create_topic("k", &SettingsInput::default())
+        .await
+        .unwrap();
+    // Checkpoints come at the first write and then every 16 versions: 40 writes leave three
+    // of which the committer kept the two newest. (The 41st write follows the 40th's
+    // checkpoint, which is written after its produce is answered.)
+    for i in 0..41 {
+        b.produce("k", msg(&format!("m{i}"))).await.unwrap();
+    }
+    let prefix = keys::checkpoints_prefix("k", 0);
+    let kept = store.list(&prefix).await.unwrap();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    // Deletes that failed: older checkpoints still there.
+    let body = store.get(&kept[0]).await.unwrap().unwrap().data;
+    for v in [1, 2] {
+        store
+            .put_if_absent(&keys::checkpoint("k", 0, v), body.clone())
+            .await
+            .unwrap();
+    }
+    let dry = maintenance::gc(&b, DEFAULT_GRACE, true).await.unwrap();
+    assert_eq!(dry.checkpoints_deleted, 2, "{dry:?}");
+    assert_eq!(
+        store.list(&prefix).await.unwrap().len(),
+        4,
+        "a dry run deletes nothing"
+    );
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(g.checkpoints_deleted, 2, "{g:?}");
+    assert_eq!(store.list(&prefix).await.unwrap(), kept);
+    let again = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(again.checkpoints_deleted, 0, "{again:?}");
+}

@@ -17,7 +17,11 @@
 //!    can live (15 min on Lambda), so a segment whose commit is still coming is never taken.
 //! 3. **Leftovers** of deleted topics (objects under a topic prefix with no `topic.json`)
 //!    are deleted.
-//! 4. **Compaction**: a partition with more than [`COMPACT_ABOVE_SEGMENTS`] segments has
+//! 4. **Old checkpoints**: the committer deletes a partition's third-newest checkpoint when
+//!    it writes a new one; a delete that failed leaves it behind. Every checkpoint older
+//!    than the two the manifest names (its newest and the one before; docs/design.md §7)
+//!    is deleted, those of a rebuilt partition's earlier life included once it has two.
+//! 5. **Compaction**: a partition with more than [`COMPACT_ABOVE_SEGMENTS`] segments has
 //!    runs of adjacent small segments rewritten as one (up to [`COMPACT_MAX_BYTES`] and
 //!    [`COMPACT_MAX_MESSAGES`] each), so the manifest that every commit reads and writes
 //!    stays small even behind single-message producers. The merged segment is written
@@ -62,6 +66,8 @@ pub struct GcReport {
     pub orphans_kept: u64,
     /// Objects of deleted topics, deleted.
     pub leftovers_deleted: u64,
+    /// Checkpoints older than a partition's two newest, deleted.
+    pub checkpoints_deleted: u64,
     /// Segments replaced by merged ones (deleted by a later pass).
     pub segments_compacted: u64,
 }
@@ -113,7 +119,8 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
     Ok(report)
 }
 
-/// Retention, orphans and compaction of one partition; `objects` are the topic's keys.
+/// Retention, orphans, old checkpoints and compaction of one partition; `objects` are the
+/// topic's keys.
 async fn partition(
     broker: &Broker,
     pass: Pass,
@@ -166,6 +173,17 @@ async fn partition(
                 report.orphans_kept += 1;
             }
         }
+    }
+    // The manifest names the two it keeps: its newest checkpoint and the one before.
+    let previous = after.checkpoint[2];
+    let ckpt_prefix = keys::checkpoints_prefix(&topic.name, p);
+    for k in objects.iter().filter(|k| {
+        k.starts_with(&ckpt_prefix) && keys::checkpoint_version(k).is_some_and(|v| v < previous)
+    }) {
+        if !pass.dry_run {
+            broker.store().delete(k).await?;
+        }
+        report.checkpoints_deleted += 1;
     }
     if !pass.dry_run && after.segments.len() > COMPACT_ABOVE_SEGMENTS {
         report.segments_compacted += compact::compact(broker, topic, p, &after.segments).await?;
