@@ -56,7 +56,8 @@ enum Command {
     /// Read a password from stdin (one line) and print its Argon2id hash for a users file.
     HashPassword,
     /// Garbage-collect a store: apply retention everywhere, delete orphan segments older
-    /// than the grace period and leftovers of deleted topics. Prints a JSON report.
+    /// than the grace period, leftovers of deleted topics and checkpoints past the two
+    /// kept, compact small segments. Prints a JSON report.
     Gc {
         /// Store URL [env: NARAD_STORE; default file://./narad-data].
         #[arg(long)]
