@@ -23,6 +23,17 @@ const MAGIC_V2: &[u8; 4] = b"NSG2";
 /// A message's headers: lowercase name → value (docs/design.md §1).
 pub type Headers = BTreeMap<String, String>;
 
+/// The header a message produced with an `Idempotency-Key` is stored with, so that a
+/// rebuilt partition (docs/design.md §7) remembers the keys of the messages it recovers.
+/// It is the broker's own: consumers never see it ([`shown`]).
+pub const IDEMPOTENCY_HEADER: &str = "narad-idempotency-key";
+
+/// A stored message's headers as consumers see them: without [`IDEMPOTENCY_HEADER`].
+pub fn shown(mut headers: Headers) -> Headers {
+    headers.remove(IDEMPOTENCY_HEADER);
+    headers
+}
+
 /// One stored message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredMessage {

@@ -378,6 +378,26 @@ impl Server {
         self.produce_q(topic, "", body).await
     }
 
+    /// Produces with an `Idempotency-Key`; answers (partition, offset), a retry's too.
+    pub async fn produce_idem(&self, topic: &str, key: &str, body: &str) -> (u32, u64) {
+        let r = self
+            .req(
+                reqwest::Method::POST,
+                &format!("/v1/topics/{topic}/produce"),
+            )
+            .header("Idempotency-Key", key)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let v: Value = r.json().await.unwrap();
+        (
+            v["partition"].as_u64().unwrap() as u32,
+            v["offset"].as_u64().unwrap(),
+        )
+    }
+
     /// Produces with a query string (`partition=1`, `key=k`).
     pub async fn produce_q(
         &self,

@@ -6,22 +6,6 @@ use narad_tests::{Options, Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-async fn produce_idem(s: &Server, topic: &str, key: &str, body: &str) -> (u32, u64) {
-    let r = s
-        .req(Method::POST, &format!("/v1/topics/{topic}/produce"))
-        .header("Idempotency-Key", key)
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let v: Value = r.json().await.unwrap();
-    (
-        v["partition"].as_u64().unwrap() as u32,
-        v["offset"].as_u64().unwrap(),
-    )
-}
-
 fn total(t: &Value) -> u64 {
     t["partitions"]
         .as_array()
@@ -36,15 +20,15 @@ async fn retries_with_the_same_key_append_once() {
     let s = Server::start().await;
     s.create_topic("i", json!({"partitions": 4, "dedup_window_ms": 60000}))
         .await;
-    let first = produce_idem(&s, "i", "order-1", "a").await;
+    let first = s.produce_idem("i", "order-1", "a").await;
     for _ in 0..3 {
         assert_eq!(
-            produce_idem(&s, "i", "order-1", "a").await,
+            s.produce_idem("i", "order-1", "a").await,
             first,
             "a retry answers the first offset"
         );
     }
-    let other = produce_idem(&s, "i", "order-2", "b").await;
+    let other = s.produce_idem("i", "order-2", "b").await;
     assert_ne!(other, first);
     assert_eq!(total(&s.topic("i").await), 2, "nothing appended twice");
 
@@ -79,7 +63,7 @@ async fn retries_with_the_same_key_append_once() {
 
     // After the window the key is forgotten.
     s.clock.advance(60_001);
-    let again = produce_idem(&s, "i", "order-1", "a").await;
+    let again = s.produce_idem("i", "order-1", "a").await;
     assert_ne!(again, first);
     assert_eq!(total(&s.topic("i").await), 5);
 

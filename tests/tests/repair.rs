@@ -92,6 +92,48 @@ async fn a_corrupt_manifest_is_rebuilt_by_the_next_commit_and_nothing_acknowledg
     assert_eq!(p["frontier"], p["next_offset"], "{p}");
 }
 
+/// A producer that retries after a repair gets its message's new offset, not a second
+/// copy: the rebuilt manifest remembers the checkpoint's keys where their messages moved,
+/// and reads the keys of messages committed after the checkpoint from their segments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_partition_remembers_idempotency_keys() {
+    let s = Server::start().await;
+    s.create_topic("idem", json!({"dedup_window_ms": 3_600_000}))
+        .await;
+    // Write 1 leaves the first checkpoint, which remembers "early"; writes 2..=21 the
+    // second (at 17); "late-*" come after it.
+    s.produce_idem("idem", "early", "e").await;
+    for i in 0..20 {
+        s.produce("idem", format!("m{i}")).await;
+    }
+    for k in ["late-a", "late-b"] {
+        s.produce_idem("idem", k, k).await;
+    }
+    damage(&s.store, "topics/idem/0.manifest.json").await;
+    s.produce("idem", "after").await;
+    // Retries: each answers where its message is now, and appends nothing.
+    let before = s.topic("idem").await["partitions"][0]["next_offset"].clone();
+    let early = s.produce_idem("idem", "early", "e").await.1;
+    let late_a = s.produce_idem("idem", "late-a", "late-a").await.1;
+    let late_b = s.produce_idem("idem", "late-b", "late-b").await.1;
+    assert_eq!(
+        s.topic("idem").await["partitions"][0]["next_offset"],
+        before,
+        "no retry appended"
+    );
+    let got = drain(&s, "idem").await;
+    assert_eq!(got["e"], early, "the retry names the message's new offset");
+    assert_eq!(got["late-a"], late_a);
+    assert_eq!(got["late-b"], late_b);
+    assert_eq!(got.len(), 24, "each message once: {got:?}");
+    // No header of the broker's own reaches a consumer.
+    let r = s
+        .consume_raw("idem", &format!("partition=0&offset={early}"))
+        .await;
+    let v: Value = r.json().await.unwrap();
+    assert!(v.get("headers").is_none(), "{v}");
+}
+
 /// `narad repair --dry-run` says what it would do and changes nothing; `narad repair`
 /// does it; a healthy partition is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

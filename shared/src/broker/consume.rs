@@ -307,7 +307,7 @@ impl Broker {
                 receipt_handle: Some(self.receipts.sign(&claims)),
                 delivery_count: g.delivery_count,
                 produced_at_ms: msg.produced_at_ms,
-                headers: msg.headers,
+                headers: crate::segment::shown(msg.headers),
             };
             out.push((d, g));
         }

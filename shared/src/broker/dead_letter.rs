@@ -64,7 +64,7 @@ impl Broker {
             let digest = Sha256::digest(origin.as_bytes());
             let id: String = digest.iter().map(|b| format!("{b:02x}")).collect();
             // Where it came from, as headers (the `narad-` names are reserved for these).
-            let mut headers = msg.headers;
+            let mut headers = crate::segment::shown(msg.headers);
             let origin = [
                 ("narad-source-topic", topic.name.clone()),
                 ("narad-source-partition", partition.to_string()),

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::{check_partition, partition_for_key, Broker};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::produce::NewStored;
-use crate::segment::{Headers, StoredMessage};
+use crate::segment::{Headers, StoredMessage, IDEMPOTENCY_HEADER};
 use crate::topic::Topic;
 
 /// A message to produce.
@@ -45,6 +45,16 @@ pub struct Produced {
     pub partition: u32,
     /// Offset within the partition.
     pub offset: u64,
+}
+
+/// The headers `m` is stored with: its own, plus its idempotency key as
+/// [`IDEMPOTENCY_HEADER`] (which a rebuilt partition reads back, docs/design.md §7).
+fn stored_headers(m: &NewMessage) -> Headers {
+    let mut headers = m.headers.clone();
+    if let Some(k) = &m.idempotency_key {
+        headers.insert(IDEMPOTENCY_HEADER.to_owned(), k.clone());
+    }
+    headers
 }
 
 /// One result per message of a batch, in order.
@@ -123,7 +133,7 @@ impl Broker {
                         messages[i].key.clone(),
                         messages[i].payload.to_vec(),
                     )
-                    .with_headers(messages[i].headers.clone()),
+                    .with_headers(stored_headers(&messages[i])),
                     idempotency_key: messages[i].idempotency_key.clone(),
                     delay_ms: messages[i].delay_ms,
                 })

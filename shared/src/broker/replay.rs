@@ -89,7 +89,7 @@ impl Broker {
             receipt_handle: None,
             delivery_count,
             produced_at_ms: msg.produced_at_ms,
-            headers: msg.headers,
+            headers: crate::segment::shown(msg.headers),
         }))
     }
 }

@@ -398,7 +398,7 @@ impl Committer {
                 }
                 Ok(Head::Direct(snap)) => cache = snap,
                 Ok(Head::Corrupt(segment, plan)) => {
-                    let repaired = match self.self_repair(q).await {
+                    let repaired = match self.self_repair(q, &batch.rules).await {
                         true => self.read_manifest(q).await,
                         false => Err(BrokerError::Corrupt(q.key.clone())),
                     };
@@ -420,7 +420,7 @@ impl Committer {
                 }
                 // The manifest was rebuilt: commit directly, from a fresh read.
                 Err(BrokerError::Corrupt(_) | BrokerError::Store(StoreError::Corrupt(_)))
-                    if self.self_repair(q).await =>
+                    if self.self_repair(q, &batch.rules).await =>
                 {
                     combining = false
                 }
@@ -482,7 +482,8 @@ impl Committer {
         }
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let mut result = cell.update_cached(&mut cache, &mut change).await;
-        if matches!(&result, Err(e) if damaged(e)) && self.self_repair(q).await {
+        if matches!(&result, Err(e) if damaged(e)) && self.self_repair(q, &change.batch.rules).await
+        {
             cache = None;
             result = cell.update_cached(&mut cache, &mut change).await;
         }

@@ -28,7 +28,7 @@ use crate::keys;
 use crate::objects::Reader;
 use crate::partition::index::{Entries, IndexRef};
 use crate::partition::rebuild::{self, Evidence, Report};
-use crate::partition::{Manifest, SegmentRef};
+use crate::partition::{Manifest, Rules, SegmentRef};
 use crate::store::StoreError;
 use crate::topic::Topic;
 
@@ -53,6 +53,8 @@ struct Target<'a> {
     partition: u32,
     key: &'a str,
     created_at_ms: u64,
+    /// How long recovered idempotency keys are remembered (the topic's setting).
+    dedup_window_ms: u64,
 }
 
 /// What a repair found and did.
@@ -99,6 +101,7 @@ impl Committer {
             partition,
             key: &key,
             created_at_ms: topic.created_at_ms,
+            dedup_window_ms: topic.settings.dedup_window_ms,
         };
         let found = self.inspect(&t).await?;
         self.repair_found(&t, found, dry_run).await
@@ -107,13 +110,14 @@ impl Committer {
     /// After a commit found `q`'s manifest corrupt: repairs it if a second read confirms
     /// the same object is still corrupt. True when the manifest was repaired (or another
     /// process repaired it meanwhile): the commit may try again.
-    pub(super) async fn self_repair(&self, q: &Queue) -> bool {
+    pub(super) async fn self_repair(&self, q: &Queue, rules: &Rules) -> bool {
         let t = Target {
             topic: &q.topic,
             incarnation: &q.incarnation,
             partition: q.partition,
             key: &q.key,
             created_at_ms: q.created_at_ms,
+            dedup_window_ms: rules.dedup_window_ms,
         };
         let Ok(first) = self.inspect(&t).await else {
             return false;
@@ -160,7 +164,7 @@ impl Committer {
             Found::Damaged(etag, problem) => (etag, problem),
         };
         let ev = self.evidence(t).await?;
-        let (mut m, report) = rebuild::rebuild(t.incarnation, ev);
+        let (mut m, report) = rebuild::rebuild(t.incarnation, ev, t.dedup_window_ms);
         let mut out = Repair {
             partition: t.partition,
             state: "corrupt",
@@ -306,18 +310,7 @@ impl Committer {
                 continue;
             }
             match reader.segment(t.topic, t.partition, &id).await {
-                Ok(Some(seg)) => ev.unnamed.push(SegmentRef {
-                    id,
-                    base_offset: 0,
-                    count: seg.messages.len() as u32,
-                    last_produced_ms: seg
-                        .messages
-                        .iter()
-                        .map(|m| m.produced_at_ms)
-                        .max()
-                        .unwrap_or(0),
-                    bytes: seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
-                }),
+                Ok(Some(seg)) => ev.add_unnamed(id, &seg),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::error!(segment = %k, error = %e, "unreadable segment left out of the repair: its messages are lost");

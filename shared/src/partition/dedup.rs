@@ -119,6 +119,12 @@ impl Manifest {
         self.dedup.retain(|_, d| d.expires_ms > now_ms);
         self.dedup
             .insert(key_hash(key), Dedup { offset, expires_ms });
+        self.dedup_bound();
+    }
+
+    /// Keeps the keys the manifest and its chunks hold within [`MAX_DEDUP_KEYS`]: the
+    /// oldest chunks go first, then the manifest's keys that expire soonest.
+    fn dedup_bound(&mut self) {
         let spilled = |m: &Manifest| {
             m.dedup_chunks
                 .iter()

@@ -15,13 +15,19 @@
 //!   included (the lost range would break the offsets' contiguity): a replay of one is
 //!   410 `offset_expired`, and a receipt handle for one is 410 `lease_gone`.
 //!
-//! Leases, acks ahead and delays are not carried over (the messages come again at once);
-//! idempotency keys the checkpoint remembers are kept.
+//! Leases, acks ahead and delays are not carried over (the messages come again at once).
+//! Idempotency keys are: those the checkpoint remembers (a key whose message moved points
+//! to its new offset), and those of every recovered message, read from its
+//! [`IDEMPOTENCY_HEADER`], so a producer retrying a produce the lost manifest had committed (or
+//! that answered an error) gets that message's new offset, not a second copy.
+
+use std::collections::HashMap;
 
 use serde::Serialize;
 
 use super::combine::Combinable;
 use super::{Manifest, SegmentRef};
+use crate::segment::{Segment, IDEMPOTENCY_HEADER};
 
 /// How far a rebuilt manifest's version jumps past the checkpoint's: more versions than
 /// can have been written since (a checkpoint is at most [`super::CHECKPOINT_EVERY`]
@@ -43,6 +49,38 @@ pub struct Evidence {
     pub floor: u64,
     /// Segments that exist but cannot be read: their messages are lost.
     pub unreadable: Vec<String>,
+    /// The idempotency keys of the unnamed segments' messages: segment id → (index in
+    /// the segment, key, produce time).
+    pub keys: HashMap<String, Vec<(u32, String, u64)>>,
+}
+
+impl Evidence {
+    /// Adds segment `id`, which the checkpoint does not name, and its messages'
+    /// idempotency keys.
+    pub fn add_unnamed(&mut self, id: String, seg: &Segment) {
+        let keys: Vec<(u32, String, u64)> = (0u32..)
+            .zip(&seg.messages)
+            .filter_map(|(i, m)| {
+                let key = m.headers.get(IDEMPOTENCY_HEADER)?;
+                Some((i, key.clone(), m.produced_at_ms))
+            })
+            .collect();
+        if !keys.is_empty() {
+            self.keys.insert(id.clone(), keys);
+        }
+        self.unnamed.push(SegmentRef {
+            id,
+            base_offset: 0,
+            count: seg.messages.len() as u32,
+            last_produced_ms: seg
+                .messages
+                .iter()
+                .map(|m| m.produced_at_ms)
+                .max()
+                .unwrap_or(0),
+            bytes: seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
+        });
+    }
 }
 
 /// What a rebuild restores and what it retires.
@@ -59,14 +97,17 @@ pub struct Report {
     pub recovered: u64,
     /// How many such segments.
     pub recovered_segments: usize,
+    /// Idempotency keys of those messages, remembered again.
+    pub recovered_keys: usize,
     /// The rebuilt partition's offsets `[start, next)`.
     pub offsets: (u64, u64),
     /// Segments left out because they cannot be read (their messages are lost).
     pub unreadable_segments: Vec<String>,
 }
 
-/// The rebuilt manifest of `incarnation` from `ev`.
-pub fn rebuild(incarnation: &str, mut ev: Evidence) -> (Manifest, Report) {
+/// The rebuilt manifest of `incarnation` from `ev`, remembering recovered messages'
+/// idempotency keys for `dedup_window_ms` from their produce.
+pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Manifest, Report) {
     let ckpt = ev
         .checkpoint
         .take()
@@ -81,15 +122,39 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence) -> (Manifest, Report) {
     m.start_offset = bound;
     m.frontier = bound;
     m.next_offset = bound;
-    for s in ev.unsettled.iter().chain(&ev.unnamed) {
+    m.dedup = ckpt.dedup.clone();
+    m.dedup_chunks = ckpt.dedup_chunks.clone();
+    for s in &ev.unsettled {
+        // A remembered key of a message that moves follows it (new offsets are all above
+        // the old ones, so none is moved twice).
+        let (old, new) = (s.base_offset, m.next_offset);
+        for d in m.dedup.values_mut() {
+            if (old..old + u64::from(s.count)).contains(&d.offset) {
+                d.offset = new + (d.offset - old);
+            }
+        }
         m.segments.push(SegmentRef {
-            base_offset: m.next_offset,
+            base_offset: new,
             ..s.clone()
         });
         m.next_offset += u64::from(s.count);
     }
-    m.dedup = ckpt.dedup.clone();
-    m.dedup_chunks = ckpt.dedup_chunks.clone();
+    let mut recovered_keys = 0;
+    for s in &ev.unnamed {
+        let base = m.next_offset;
+        for (i, key, at) in ev.keys.get(&s.id).into_iter().flatten() {
+            if *i < s.count {
+                let expires = at.saturating_add(dedup_window_ms);
+                m.dedup_insert(key, base + u64::from(*i), expires, 0);
+                recovered_keys += 1;
+            }
+        }
+        m.segments.push(SegmentRef {
+            base_offset: base,
+            ..s.clone()
+        });
+        m.next_offset += u64::from(s.count);
+    }
     // Every combinable segment seen is decided now (landed here): none lands twice.
     let newest = ev
         .unnamed
@@ -106,6 +171,7 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence) -> (Manifest, Report) {
         redelivered: count(&ev.unsettled),
         recovered,
         recovered_segments: ev.unnamed.len(),
+        recovered_keys,
         offsets: (m.start_offset, m.next_offset),
         unreadable_segments: std::mem::take(&mut ev.unreadable),
     };
@@ -142,7 +208,7 @@ mod tests {
             checkpoint: Some(ckpt),
             ..Evidence::default()
         };
-        let (m, r) = rebuild("i", ev);
+        let (m, r) = rebuild("i", ev, 1000);
         // 10 offsets known, 5 more may have been handed out for c and d: fresh from 15.
         assert_eq!((m.start_offset, m.frontier, m.next_offset), (15, 15, 25));
         let placed: Vec<(&str, u64)> = m
@@ -161,10 +227,52 @@ mod tests {
                 redelivered: 5,
                 recovered: 5,
                 recovered_segments: 2,
+                recovered_keys: 0,
                 offsets: (15, 25),
                 unreadable_segments: Vec::new(),
             }
         );
+    }
+
+    #[test]
+    fn idempotency_keys_follow_their_messages_and_recovered_ones_are_remembered() {
+        // Checkpoint: "early" got offset 2 (settled), "moved" offset 6 (unsettled, in b).
+        let mut ckpt = manifest_with(0);
+        ckpt.segments = vec![seg("a", 0, 5), seg("b", 5, 5)];
+        ckpt.next_offset = 10;
+        ckpt.frontier = 6;
+        ckpt.dedup_insert("early", 2, 5000, 0);
+        ckpt.dedup_insert("moved", 6, 5000, 0);
+        let mut keys = HashMap::new();
+        // c's message 1 was produced with "late" after the checkpoint; 9 is out of range.
+        keys.insert(
+            "c".to_owned(),
+            vec![(1, "late".to_owned(), 700), (9, "bogus".to_owned(), 700)],
+        );
+        let ev = Evidence {
+            unsettled: vec![seg("b", 5, 5)],
+            unnamed: vec![seg("c", 0, 3)],
+            checkpoint: Some(ckpt),
+            keys,
+            ..Evidence::default()
+        };
+        let (m, r) = rebuild("i", ev, 1000);
+        // Fresh offsets from 13: b at 13..18, c at 18..21.
+        assert_eq!(
+            m.dedup_lookup("early", 0),
+            Some(2),
+            "settled: left as it was"
+        );
+        assert_eq!(m.dedup_lookup("moved", 0), Some(14), "follows its message");
+        assert_eq!(
+            m.dedup_lookup("late", 0),
+            Some(19),
+            "recovered from the segment"
+        );
+        assert_eq!(m.dedup_lookup("late", 1699), Some(19));
+        assert_eq!(m.dedup_lookup("late", 1700), None, "for the dedup window");
+        assert_eq!(m.dedup_lookup("bogus", 0), None);
+        assert_eq!(r.recovered_keys, 1);
     }
 
     #[test]
@@ -174,7 +282,7 @@ mod tests {
             floor: 100,
             ..Evidence::default()
         };
-        let (m, r) = rebuild("i", ev);
+        let (m, r) = rebuild("i", ev, 1000);
         assert_eq!((m.start_offset, m.next_offset), (104, 108));
         assert_eq!(r.checkpoint_version, None);
         assert_eq!(m.version, VERSION_JUMP);
