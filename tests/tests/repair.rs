@@ -94,16 +94,18 @@ async fn a_corrupt_manifest_is_rebuilt_by_the_next_commit_and_nothing_acknowledg
 
 /// A producer that retries after a repair gets its message's new offset, not a second
 /// copy: the rebuilt manifest remembers the checkpoint's keys where their messages moved,
-/// and reads the keys of messages committed after the checkpoint from their segments.
+/// and reads the keys of messages committed after the checkpoint from their segments. A
+/// delayed message that moves keeps its delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebuilt_partition_remembers_idempotency_keys() {
+async fn a_rebuilt_partition_remembers_idempotency_keys_and_delays() {
     let s = Server::start().await;
     s.create_topic("idem", json!({"dedup_window_ms": 3_600_000}))
         .await;
     // Write 1 leaves the first checkpoint, which remembers "early"; writes 2..=21 the
-    // second (at 17); "late-*" come after it.
+    // second (at 17), which holds the delay of "delayed"; "late-*" come after it.
     s.produce_idem("idem", "early", "e").await;
-    for i in 0..20 {
+    s.produce_q("idem", "delay=1h", "delayed").await;
+    for i in 0..19 {
         s.produce("idem", format!("m{i}")).await;
     }
     for k in ["late-a", "late-b"] {
@@ -121,10 +123,14 @@ async fn a_rebuilt_partition_remembers_idempotency_keys() {
         before,
         "no retry appended"
     );
-    let got = drain(&s, "idem").await;
+    let mut got = drain(&s, "idem").await;
     assert_eq!(got["e"], early, "the retry names the message's new offset");
     assert_eq!(got["late-a"], late_a);
     assert_eq!(got["late-b"], late_b);
+    assert!(!got.contains_key("delayed"), "its delay moved with it");
+    s.clock.advance(3_600_000);
+    got.extend(drain(&s, "idem").await);
+    assert!(got.contains_key("delayed"), "and ends when it did");
     assert_eq!(got.len(), 24, "each message once: {got:?}");
     // No header of the broker's own reaches a consumer.
     let r = s

@@ -15,8 +15,9 @@
 //!   included (the lost range would break the offsets' contiguity): a replay of one is
 //!   410 `offset_expired`, and a receipt handle for one is 410 `lease_gone`.
 //!
-//! Leases, acks ahead and delays are not carried over (the messages come again at once).
-//! Idempotency keys are: those the checkpoint remembers (a key whose message moved points
+//! Leases and acks ahead are not carried over (the messages come again at once). The
+//! checkpoint's delays are, for the messages that move (a segment does not record a delay,
+//! so a recovered delayed message comes at once). Idempotency keys are kept too: those the checkpoint remembers (a key whose message moved points
 //! to its new offset), and those of every recovered message, read from its
 //! [`IDEMPOTENCY_HEADER`], so a producer retrying a produce the lost manifest had committed (or
 //! that answered an error) gets that message's new offset, not a second copy.
@@ -127,10 +128,21 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Ma
     for s in &ev.unsettled {
         // A remembered key of a message that moves follows it (new offsets are all above
         // the old ones, so none is moved twice).
-        let (old, new) = (s.base_offset, m.next_offset);
+        let (old, new, end) = (
+            s.base_offset,
+            m.next_offset,
+            s.base_offset + u64::from(s.count),
+        );
         for d in m.dedup.values_mut() {
-            if (old..old + u64::from(s.count)).contains(&d.offset) {
+            if (old..end).contains(&d.offset) {
                 d.offset = new + (d.offset - old);
+            }
+        }
+        // So does a delay (runs stay in offset order: segments and runs are).
+        for d in &ckpt.delayed {
+            let (lo, hi) = (d.from.max(old), d.to.min(end));
+            if lo < hi {
+                m.delay(new + (lo - old), new + (hi - old), d.until_ms);
             }
         }
         m.segments.push(SegmentRef {
@@ -235,7 +247,7 @@ mod tests {
     }
 
     #[test]
-    fn idempotency_keys_follow_their_messages_and_recovered_ones_are_remembered() {
+    fn keys_and_delays_follow_their_messages_and_recovered_keys_are_remembered() {
         // Checkpoint: "early" got offset 2 (settled), "moved" offset 6 (unsettled, in b).
         let mut ckpt = manifest_with(0);
         ckpt.segments = vec![seg("a", 0, 5), seg("b", 5, 5)];
@@ -243,6 +255,8 @@ mod tests {
         ckpt.frontier = 6;
         ckpt.dedup_insert("early", 2, 5000, 0);
         ckpt.dedup_insert("moved", 6, 5000, 0);
+        // Offsets 4..8 delayed: 4 is in segment a (retired), 5..8 in b, which moves.
+        ckpt.delay(4, 8, 9000);
         let mut keys = HashMap::new();
         // c's message 1 was produced with "late" after the checkpoint; 9 is out of range.
         keys.insert(
@@ -273,6 +287,11 @@ mod tests {
         assert_eq!(m.dedup_lookup("late", 1700), None, "for the dedup window");
         assert_eq!(m.dedup_lookup("bogus", 0), None);
         assert_eq!(r.recovered_keys, 1);
+        // b's offsets 5..8 moved to 13..16 with their delay; a's offset 4 is gone.
+        assert_eq!(m.delayed_until(13, 0), Some(9000));
+        assert_eq!(m.delayed_until(15, 0), Some(9000));
+        assert_eq!(m.delayed_until(16, 0), None);
+        assert_eq!(m.delayed.len(), 1, "{:?}", m.delayed);
     }
 
     #[test]
