@@ -271,7 +271,7 @@ async fn log_lines_name_their_request_and_its_commit() {
     let commit: u64 = produced
         .split("commit=")
         .nth(1)
-        .and_then(|r| r.split(' ').next())
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("a commit id in {produced}"));
     assert!(commit >= 1);

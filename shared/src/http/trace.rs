@@ -2,21 +2,24 @@
 //! request causes (a storage warning, a corrupt object, a refused login) names the request,
 //! its route and topic, and the commit that carried its operation.
 //!
-//! * The span is `request{id, method, route, topic, commit, status}`. `route` is the
+//! * The span is `request{id, method, route, topic, commit}`. `route` is the
 //!   router's pattern (`/v1/topics/{topic}/ack`), never the raw path; `topic` is the path's
 //!   topic segment as sent (bounded, percent-encoding kept), `commit` is filled in by the
 //!   committer when a batch takes the request's operation (the same id its `commit` span
-//!   carries), and `status` when the response is ready.
+//!   carries).
 //! * `id` is the client's `X-Request-Id` when it is 1 to [`MAX_ID_LEN`] characters of
 //!   `[A-Za-z0-9._-]` (so a caller can correlate with its own logs), otherwise a fresh
-//!   UUID. Every response carries it back as `X-Request-Id`, so a client that reports a
-//!   503 can name the log lines behind it.
+//!   one ([`fresh_id`]). Every response carries it back as `X-Request-Id`, so a client
+//!   that reports a 503 can name the log lines behind it.
 //! * The span is at ERROR level although it is no error: a span is context, and at that
 //!   level it is there whatever `NARAD_LOG` lets through (a WARN line of a `warn` filter
 //!   still names its request).
-//! * The finished request is a DEBUG event (`NARAD_LOG=narad_shared::http::trace=debug` is
-//!   an access log); failures are already logged where they are decided.
+//! * The finished request is a DEBUG event with its status and duration
+//!   (`NARAD_LOG=narad_shared::http::trace=debug` is an access log); failures are already
+//!   logged where they are decided.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -38,26 +41,19 @@ const MAX_TOPIC_LEN: usize = 128;
 /// Wraps the request in its span and answers its id.
 pub(super) async fn request(req: Request, next: Next) -> Response {
     let id = request_id(req.headers());
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
-    let topic = topic_segment(req.uri().path());
+    // The span's fields are formatted once, here (borrowing the request, copying nothing).
     let span = tracing::error_span!(
         "request",
         %id,
         method = %req.method(),
-        %route,
-        topic = topic.map(tracing::field::display),
+        route = %req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str),
+        topic = topic_segment(req.uri().path()).map(tracing::field::display),
         commit = Empty,
-        status = Empty,
     );
     let started = Instant::now();
     let mut resp = next.run(req).instrument(span.clone()).await;
-    span.record("status", resp.status().as_u16());
-    let ms = started.elapsed().as_millis() as u64;
-    span.in_scope(|| tracing::debug!(ms, "request done"));
+    let (status, ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
+    span.in_scope(|| tracing::debug!(status, ms, "request done"));
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(REQUEST_ID.clone(), v);
     }
@@ -74,7 +70,19 @@ fn request_id(headers: &HeaderMap) -> String {
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         })
-        .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned)
+        .map_or_else(fresh_id, str::to_owned)
+}
+
+/// A fresh request id: 16 hex digits drawn once per process, then a 16-digit counter
+/// (unique across processes without a random draw per request).
+fn fresh_id() -> String {
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    format!(
+        "{process:016x}{:016x}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The `{topic}` segment of a `/v1/topics/{topic}…` path, cut to [`MAX_TOPIC_LEN`].
