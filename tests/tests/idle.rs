@@ -16,7 +16,7 @@ use narad_shared::broker::{Broker, NewMessage, Settle};
 use narad_shared::clock::{Clock, RandomIds, SystemClock};
 use narad_shared::config::BrokerOptions;
 use narad_shared::settings::SettingsInput;
-use narad_shared::store::metered::MeteredStore;
+use narad_shared::store::metered::{Counts, MeteredStore};
 use narad_shared::store::DynStore;
 
 async fn broker(store: DynStore) -> Arc<Broker> {
@@ -46,15 +46,91 @@ fn message(text: &str) -> NewMessage {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news_within_5s() {
+/// A broker on the test store, counting its requests; `None` through Lambda (it counts
+/// one process's requests).
+async fn metered_broker() -> Option<(
+    Arc<MeteredStore>,
+    DynStore,
+    Arc<Broker>,
+    Option<tempfile::TempDir>,
+)> {
     if narad_tests::external_url().is_some() {
-        return;
+        return None;
     }
-    let (inner, _dir) = narad_tests::test_store().await;
+    let (inner, dir) = narad_tests::test_store().await;
     let metered = MeteredStore::new(inner);
     let store: DynStore = metered.clone();
     let a = broker(store.clone()).await;
+    Some((metered, store, a, dir))
+}
+
+/// `n` consumers long-polling `topic` until stopped; each sends what it gets (with when)
+/// and acks it.
+struct Waiters {
+    stop: Arc<AtomicBool>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<(Instant, Bytes)>,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Waiters {
+    fn spawn(a: &Arc<Broker>, topic: &'static str, n: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let handles = (0..n)
+            .map(|_| {
+                let (a, stop, tx) = (a.clone(), stop.clone(), tx.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        let got = a
+                            .consume(topic, None, Duration::from_secs(10), 10)
+                            .await
+                            .unwrap();
+                        for d in got {
+                            let _ = tx.send((Instant::now(), d.payload));
+                            a.settle(topic, &d.receipt_handle.unwrap(), Settle::Ack)
+                                .await
+                                .unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self { stop, rx, handles }
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in self.handles {
+            w.abort();
+            if let Err(e) = w.await {
+                assert!(e.is_cancelled(), "a waiter failed: {e}");
+            }
+        }
+    }
+}
+
+/// Lets the listing interval grow to its cap, then counts the requests of a steady
+/// `stretch`; answers them and their rate per minute.
+async fn steady(metered: &MeteredStore, stretch: Duration, what: &str) -> (Counts, f64) {
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let before = metered.counts();
+    tokio::time::sleep(stretch).await;
+    let used = metered.counts().since(&before);
+    let per_minute = used.total() as f64 * 60.0 / stretch.as_secs_f64();
+    eprintln!(
+        "{what}: {} requests in {stretch:?} ({per_minute:.1}/min; {} lists, {} gets)",
+        used.total(),
+        used.op("list"),
+        used.gets()
+    );
+    (used, per_minute)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news_within_5s() {
+    let Some((metered, store, a, _dir)) = metered_broker().await else {
+        return;
+    };
     let input = SettingsInput {
         partitions: Some(4),
         ..SettingsInput::default()
@@ -73,40 +149,9 @@ async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news
         }
     }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut waiters = Vec::new();
-    for _ in 0..16 {
-        let (a, stop, tx) = (a.clone(), stop.clone(), tx.clone());
-        waiters.push(tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let got = a
-                    .consume("idle", None, Duration::from_secs(10), 10)
-                    .await
-                    .unwrap();
-                for d in got {
-                    let _ = tx.send((Instant::now(), d.payload));
-                    a.settle("idle", &d.receipt_handle.unwrap(), Settle::Ack)
-                        .await
-                        .unwrap();
-                }
-            }
-        }));
-    }
-    // Let the listing interval grow to its cap, then count a steady stretch.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let before = metered.counts();
-    let stretch = Duration::from_secs(16);
-    tokio::time::sleep(stretch).await;
-    let used = metered.counts().since(&before);
-    let per_minute = used.total() as f64 * 60.0 / stretch.as_secs_f64();
-    eprintln!(
-        "16 idle consumers, 4 partitions: {} requests in {:?} ({per_minute:.1}/min; {} lists, {} gets)",
-        used.total(),
-        stretch,
-        used.op("list"),
-        used.gets()
-    );
+    let mut waiters = Waiters::spawn(&a, "idle", 16);
+    let what = "16 idle consumers, 4 partitions";
+    let (used, per_minute) = steady(&metered, Duration::from_secs(16), what).await;
     assert!(
         per_minute <= 30.0,
         "idle consumers cost {per_minute:.1} requests a minute ({:?})",
@@ -118,7 +163,7 @@ async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news
     let b = broker(store.clone()).await;
     let sent = Instant::now();
     b.produce("idle", message("news")).await.unwrap();
-    let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+    let (at, payload) = tokio::time::timeout(Duration::from_secs(10), waiters.rx.recv())
         .await
         .expect("an idle waiter never got the message")
         .unwrap();
@@ -127,11 +172,52 @@ async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news
     assert_eq!(payload, Bytes::from_static(b"news"));
     assert!(latency <= Duration::from_secs(5), "took {latency:?}");
 
-    stop.store(true, Ordering::SeqCst);
-    for w in waiters {
-        w.abort();
-        if let Err(e) = w.await {
-            assert!(e.is_cancelled(), "a waiter failed: {e}");
-        }
+    waiters.stop().await;
+}
+
+/// An ordered topic whose next message waits behind its key's message in flight is as
+/// quiet as a drained one: the committer remembers the keys it read, so a waiting consume
+/// sees that nothing can be leased before the lease lapses without reading the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_behind_a_key_in_flight_costs_no_reads() {
+    let Some((metered, _, a, _dir)) = metered_broker().await else {
+        return;
+    };
+    let input =
+        SettingsInput::parse(br#"{"ordering":"key","visibility_timeout_ms":120000}"#).unwrap();
+    a.create_topic("held", &input).await.unwrap();
+    for i in 0..3 {
+        let m = NewMessage {
+            key: Some("account-7".into()),
+            ..message(&format!("m{i}"))
+        };
+        a.produce("held", m).await.unwrap();
     }
+    let first = a.consume("held", None, Duration::ZERO, 1).await.unwrap();
+    assert_eq!(first.len(), 1, "the key's first message");
+
+    let mut waiters = Waiters::spawn(&a, "held", 4);
+    let what = "4 consumers waiting behind a key";
+    let (used, per_minute) = steady(&metered, Duration::from_secs(12), what).await;
+    assert_eq!(
+        used.gets(),
+        0,
+        "a partition whose keys are known is not read"
+    );
+    assert!(per_minute <= 30.0, "{per_minute:.1} requests a minute");
+
+    assert!(
+        waiters.rx.try_recv().is_err(),
+        "delivered while its key was in flight"
+    );
+
+    // Acking the key's message lets the next one go at once.
+    let handle = first[0].receipt_handle.clone().unwrap();
+    a.settle("held", &handle, Settle::Ack).await.unwrap();
+    let (_, next) = tokio::time::timeout(Duration::from_secs(2), waiters.rx.recv())
+        .await
+        .expect("the key's next message, once the first was acked")
+        .unwrap();
+    assert_eq!(next, Bytes::from_static(b"m1"));
+    waiters.stop().await;
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::combine::{Head, Ready};
-use super::ordering::KEY_ROUNDS;
+use super::ordering::{self, KEY_ROUNDS};
 use super::repair::damaged;
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, LeaseAnswer, Op, Pending, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
@@ -472,7 +472,8 @@ impl Committer {
             listed_at: None,
             attempts: 0,
             found_at: None,
-            keys: Keys::default(),
+            // Facts an earlier batch read (offsets never change their message).
+            keys: std::mem::take(&mut lock(&q.state).keys),
         };
         if let Some(h) = head {
             change.segment = h.segment;
@@ -496,6 +497,8 @@ impl Committer {
         }
         let span = tracing::Span::current();
         span.record("attempts", change.attempts);
+        let frontier = result.as_ref().ok().map(|(_, snap)| snap.value.frontier);
+        ordering::keep_keys(q, std::mem::take(&mut change.keys), frontier);
         match result {
             Ok((mut applied, snap)) => {
                 span.record("version", snap.value.version);

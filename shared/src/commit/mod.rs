@@ -174,6 +174,9 @@ struct QueueState {
     idle_sweeps: u32,
     /// The rules and topic ETag sweeps commit under (those of the last produce batch).
     sweep_with: Option<(Rules, String)>,
+    /// Message keys the last batch read for per-key ordering, at or above the frontier
+    /// (facts: the next batch starts from them, and [`Committer::peek`] uses them).
+    keys: lease::Keys,
 }
 
 /// One partition's queue.
@@ -356,6 +359,7 @@ impl Committer {
                     &snap.value,
                     self.clock.now_ms(),
                     &Rules::from(&topic.settings),
+                    &st.keys,
                 ),
             },
         }

@@ -13,7 +13,7 @@ use crate::partition::index::Entries;
 use crate::partition::lease::{key_hash, Keys, MAX_ORDERED_SCAN};
 use crate::partition::{Layout, SegmentRef};
 
-use super::{Committer, Queue};
+use super::{lock, Committer, Queue};
 
 /// Segments read per round.
 pub const KEY_READ_SEGMENTS: usize = 16;
@@ -90,4 +90,16 @@ impl Committer {
         }
         added
     }
+}
+
+/// Keeps the message keys a batch read (facts) for the next batch and for
+/// [`Committer::peek`]: those at or above `frontier`, within a lease pass's bound.
+pub(super) fn keep_keys(q: &Queue, mut keys: Keys, frontier: Option<u64>) {
+    if let Some(f) = frontier {
+        keys.forget_below(f);
+    }
+    if keys.len() as u64 > 2 * MAX_ORDERED_SCAN {
+        keys = Keys::default();
+    }
+    lock(&q.state).keys = keys;
 }

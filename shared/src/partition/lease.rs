@@ -63,6 +63,11 @@ impl Keys {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Forgets offsets below `frontier` (settled: no lease pass crosses them again).
+    pub fn forget_below(&mut self, frontier: u64) {
+        self.0 = self.0.split_off(&frontier);
+    }
 }
 
 /// A lease granted by a commit.
@@ -223,10 +228,11 @@ pub fn lease(
 /// When a lease request on `m` could next get anything, if the manifest does not change
 /// meanwhile: `None` when it could now; else `Some(t)`, the earliest deadline of a live
 /// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
-/// granted. An idle waiter skips the partition until then (`broker/watch.rs`).
-pub fn quiet_until(m: &Manifest, now: u64, rules: &Rules) -> Option<u64> {
+/// granted. An idle waiter skips the partition until then (`broker/watch.rs`). On an
+/// ordered topic it needs the `keys` of the messages waiting behind their keys.
+pub fn quiet_until(m: &Manifest, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
     let mut probe = Cursor::new(m, now, rules.ordered);
-    if probe.pick(m, now, rules, &Keys::default()).is_some() || probe.wants_key.is_some() {
+    if probe.pick(m, now, rules, keys).is_some() || probe.wants_key.is_some() {
         // Available, or unknown without reading keys: not quiet.
         return None;
     }
@@ -326,16 +332,23 @@ mod tests {
     fn quiet_until_the_first_lease_lapses_and_not_while_anything_is_available() {
         let mut m = manifest_with(2);
         assert_eq!(
-            quiet_until(&m, 10, &rules()),
+            quiet_until(&m, 10, &rules(), &Keys::default()),
             None,
             "two available messages"
         );
         leased(&mut m, &[0], 3, 1000);
         leased(&mut m, &[1], 3, 700);
-        assert_eq!(quiet_until(&m, 10, &rules()), Some(700));
-        assert_eq!(quiet_until(&m, 700, &rules()), None, "offset 1 lapsed");
+        assert_eq!(quiet_until(&m, 10, &rules(), &Keys::default()), Some(700));
+        assert_eq!(
+            quiet_until(&m, 700, &rules(), &Keys::default()),
+            None,
+            "offset 1 lapsed"
+        );
         let empty = manifest_with(0);
-        assert_eq!(quiet_until(&empty, 10, &rules()), Some(u64::MAX));
+        assert_eq!(
+            quiet_until(&empty, 10, &rules(), &Keys::default()),
+            Some(u64::MAX)
+        );
         let mut full = manifest_with(3);
         leased(&mut full, &[0], 3, 500);
         let r = Rules {
@@ -343,7 +356,7 @@ mod tests {
             ..rules()
         };
         assert_eq!(
-            quiet_until(&full, 10, &r),
+            quiet_until(&full, 10, &r, &Keys::default()),
             Some(500),
             "flow control holds the rest"
         );
@@ -360,7 +373,7 @@ mod tests {
         assert_eq!(m.in_flight(10), 0, "a delayed message is not in flight");
         assert_eq!(m.delayed_count(10), 2);
         assert_eq!(offsets(&lease_now(&mut m, 10, &r, 3)), vec![2]);
-        assert_eq!(quiet_until(&m, 10, &r), Some(500));
+        assert_eq!(quiet_until(&m, 10, &r, &Keys::default()), Some(500));
         // The acked-ahead window full behind a delayed frontier: nothing until it is due.
         let mut w = manifest_with(3);
         w.delay(0, 1, 500);
@@ -370,7 +383,7 @@ mod tests {
             ..rules()
         };
         assert!(lease_now(&mut w, 10, &one, 3).grants.is_empty());
-        assert_eq!(quiet_until(&w, 10, &one), Some(500));
+        assert_eq!(quiet_until(&w, 10, &one, &Keys::default()), Some(500));
         assert_eq!(offsets(&lease_now(&mut w, 500, &one, 3)), vec![0]);
         assert_eq!(w.delayed_count(500), 0);
     }
@@ -396,6 +409,23 @@ mod tests {
         let mut cur = Cursor::new(m, now, true);
         let got = lease(m, now, r, (10, u64::MAX), &mut cur, keys);
         (offsets(&got), cur)
+    }
+
+    #[test]
+    fn an_ordered_partition_is_quiet_behind_its_keys_only_when_they_are_known() {
+        let (mut m, keys, r) = keyed();
+        lease_keyed(&mut m, 10, &r, &keys);
+        let lapse = 10 + r.visibility_timeout_ms;
+        assert_eq!(quiet_until(&m, 20, &r, &keys), Some(lapse), "1 and 4 wait");
+        assert_eq!(
+            quiet_until(&m, 20, &r, &Keys::default()),
+            None,
+            "unknown keys"
+        );
+        let mut settled = keys.clone();
+        settled.forget_below(2);
+        assert_eq!(settled.get(1), None);
+        assert_eq!(settled.get(4), keys.get(4));
     }
 
     #[test]
