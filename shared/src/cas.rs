@@ -38,7 +38,7 @@ use serde::Serialize;
 use sha2::Digest;
 
 use crate::clock::IdSource;
-use crate::store::{Fetched, Object, Store, StoreError};
+use crate::store::{ETag, Fetched, Object, Store, StoreError};
 
 /// How many times an update tries before giving up with [`CasError::Contention`].
 pub const MAX_ATTEMPTS: u32 = 24;
@@ -160,7 +160,7 @@ pub struct Snapshot<S> {
     /// The state.
     pub value: S,
     /// ETag of the stored object, if one exists.
-    pub etag: Option<String>,
+    pub etag: Option<ETag>,
 }
 
 /// What a change decided about the copy it was given.

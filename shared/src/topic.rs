@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cas::JsonRecord;
 use crate::settings::TopicSettings;
+use crate::store::ETag;
 
 /// The stored form of `topic.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,7 +46,7 @@ pub struct Topic {
     /// Where its manifests are (see [`TopicRecord::layout`]).
     pub layout: u32,
     /// ETag of the settings object this was read from.
-    pub etag: String,
+    pub etag: ETag,
     /// Served from this process's cache (possibly up to `topic_cache` old): a request
     /// that the cached settings refuse is retried against freshly read ones.
     pub from_cache: bool,
@@ -58,7 +59,7 @@ impl Topic {
     }
 
     /// The topic `name` as stored in `rec` with ETag `etag`, freshly read.
-    pub fn from_record(name: &str, rec: TopicRecord, etag: String) -> Self {
+    pub fn from_record(name: &str, rec: TopicRecord, etag: ETag) -> Self {
         Self {
             name: name.to_owned(),
             settings: rec.settings,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use narad_shared::store::{DynStore, Fetched, Object, Store, StoreError, StoreResult};
+use narad_shared::store::{DynStore, ETag, Fetched, Object, Store, StoreError, StoreResult};
 use narad_tests::{test_store, Options, Server, TestClock, T0};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -36,7 +36,7 @@ impl GateStore {
         }
     }
 
-    fn outcome(&self, key: &str, r: StoreResult<String>) -> StoreResult<String> {
+    fn outcome(&self, key: &str, r: StoreResult<ETag>) -> StoreResult<ETag> {
         if key.ends_with("manifest.json") && r.is_ok() {
             self.landed.fetch_add(1, Ordering::SeqCst);
         }
@@ -49,10 +49,10 @@ impl Store for GateStore {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
         self.inner.get(key).await
     }
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         self.inner.get_if_changed(key, etag).await
     }
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         self.wait_open(key).await;
         if key.ends_with("manifest.json") && self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::Other("injected failure".into()));
@@ -60,7 +60,7 @@ impl Store for GateStore {
         let r = self.inner.put_if_absent(key, data).await;
         self.outcome(key, r)
     }
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         self.wait_open(key).await;
         if key.ends_with("manifest.json") && self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::Other("injected failure".into()));

@@ -210,7 +210,7 @@ struct TornStore {
     on: std::sync::atomic::AtomicBool,
     torn: std::sync::atomic::AtomicU64,
     /// Torn manifests (key, ETag) and reads of them so far.
-    torn_manifests: std::sync::Mutex<HashMap<(String, String), u64>>,
+    torn_manifests: std::sync::Mutex<HashMap<(String, narad_shared::store::ETag), u64>>,
 }
 
 impl TornStore {
@@ -265,7 +265,7 @@ impl narad_shared::store::Store for TornStore {
     async fn get_if_changed(
         &self,
         key: &str,
-        etag: &str,
+        etag: &narad_shared::store::ETag,
     ) -> narad_shared::store::StoreResult<narad_shared::store::Fetched> {
         self.inner.get_if_changed(key, etag).await
     }
@@ -273,7 +273,7 @@ impl narad_shared::store::Store for TornStore {
         &self,
         key: &str,
         data: bytes::Bytes,
-    ) -> narad_shared::store::StoreResult<String> {
+    ) -> narad_shared::store::StoreResult<narad_shared::store::ETag> {
         if self.tear(key) {
             self.inner.put_if_absent(key, half(&data)).await?;
             return Err(torn());
@@ -284,8 +284,8 @@ impl narad_shared::store::Store for TornStore {
         &self,
         key: &str,
         data: bytes::Bytes,
-        etag: &str,
-    ) -> narad_shared::store::StoreResult<String> {
+        etag: &narad_shared::store::ETag,
+    ) -> narad_shared::store::StoreResult<narad_shared::store::ETag> {
         if self.tear(key) {
             let etag = self.inner.put_if_match(key, half(&data), etag).await?;
             if key.ends_with("manifest.json") {

@@ -202,7 +202,7 @@ impl Broker {
                     etag: Some(cached),
                     quiet_until,
                 },
-            ) if listed == cached => quiet_until,
+            ) if *listed == cached => quiet_until,
             _ => None,
         };
         until.filter(|&t| t > self.clock.now_ms())

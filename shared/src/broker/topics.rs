@@ -19,6 +19,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::Manifest;
 use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
+use crate::store::ETag;
 use crate::topic::{Topic, TopicRecord};
 
 /// One partition's state, for `GET /v1/topics/{topic}`.
@@ -87,10 +88,10 @@ impl TopicCache {
 
     /// The cached topic whatever its age, if it was read with ETag `etag` (a listing
     /// just showed that ETag: the settings are current).
-    pub(super) fn confirmed(&self, name: &str, etag: &str) -> Option<Topic> {
+    pub(super) fn confirmed(&self, name: &str, etag: &ETag) -> Option<Topic> {
         let map = self.lock();
         let (_, t) = map.get(name)?;
-        (t.etag == etag).then(|| Topic {
+        (t.etag == *etag).then(|| Topic {
             from_cache: true,
             ..t.clone()
         })

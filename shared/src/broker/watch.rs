@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use crate::error::BrokerResult;
 use crate::keys;
-use crate::store::Store;
+use crate::store::{ETag, Store};
 
 /// One topic's latest listing.
 #[derive(Debug, Default)]
@@ -38,9 +38,9 @@ struct Listing {
     /// The interval until the next one.
     interval: Duration,
     /// ETag of `topic.json` (`None`: the topic is gone).
-    topic_etag: Option<String>,
+    topic_etag: Option<ETag>,
     /// ETag of each partition's manifest that exists.
-    manifests: HashMap<u32, String>,
+    manifests: HashMap<u32, ETag>,
     /// False after a failed listing (until the next one succeeds).
     valid: bool,
     /// Listings finished (successful or not).
@@ -51,8 +51,8 @@ struct Listing {
 #[derive(Debug, Clone)]
 pub(super) struct View {
     /// ETag of `topic.json` (`None`: the topic is gone).
-    pub(super) topic_etag: Option<String>,
-    manifests: HashMap<u32, String>,
+    pub(super) topic_etag: Option<ETag>,
+    manifests: HashMap<u32, ETag>,
 }
 
 impl View {
@@ -71,7 +71,7 @@ pub(super) enum Seen<'a> {
     /// No manifest: an empty partition.
     Missing,
     /// The manifest with this ETag.
-    Etag(&'a str),
+    Etag(&'a ETag),
 }
 
 /// The shared idle watch of one topic in this process.

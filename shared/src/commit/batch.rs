@@ -37,14 +37,14 @@ use crate::partition::produce::{Plan, Unplaced};
 use crate::partition::{Layout, Manifest, Rules, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
 use crate::settings::TopicSettings;
-use crate::store::{Fetched, StoreError};
+use crate::store::{ETag, Fetched, StoreError};
 use crate::topic::TopicRecord;
 
 /// A batch to commit, the callers to answer, and the topic record ETag its producers saw.
 pub(super) struct Work {
     pub batch: Batch,
     pub replies: Replies,
-    pub topic_etag: String,
+    pub topic_etag: ETag,
 }
 
 /// The callers of a batch, group by group in the batch's order.
@@ -118,7 +118,7 @@ impl Replies {
 }
 
 /// Splits queued operations into the pure batch and the callers to answer.
-fn split(pending: Vec<Pending>) -> (Batch, Replies, String) {
+fn split(pending: Vec<Pending>) -> (Batch, Replies, ETag) {
     // Retention and the dedup window follow the first operation's view of the topic.
     let rules = pending
         .first()
@@ -155,14 +155,14 @@ fn split(pending: Vec<Pending>) -> (Batch, Replies, String) {
             }
         }
     }
-    (batch, replies, topic_etag.unwrap_or_default())
+    (batch, replies, topic_etag.unwrap_or_else(|| ETag::new("")))
 }
 
 /// The manifest change of one batch (see the module documentation).
 struct BatchCommit<'a> {
     committer: &'a Committer,
     q: &'a Queue,
-    topic_etag: String,
+    topic_etag: ETag,
     batch: Batch,
     now: u64,
     /// The plan of the current attempt.
@@ -537,7 +537,7 @@ impl Committer {
     pub(super) async fn write_segment(
         &self,
         q: &Queue,
-        topic_etag: &str,
+        topic_etag: &ETag,
         messages: Vec<StoredMessage>,
         combinable_after: Option<&str>,
     ) -> BrokerResult<SegmentRef> {
@@ -572,7 +572,7 @@ impl Committer {
     /// the incarnation this queue writes for.
     ///
     /// Errors: [`BrokerError::StaleTopic`] when it was deleted or created again.
-    async fn check_topic(&self, q: &Queue, topic_etag: &str) -> BrokerResult<()> {
+    async fn check_topic(&self, q: &Queue, topic_etag: &ETag) -> BrokerResult<()> {
         let settings_key = keys::topic_settings(&q.topic);
         match self.store.get_if_changed(&settings_key, topic_etag).await? {
             Fetched::Unchanged => {}

@@ -47,6 +47,7 @@ use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::index::{Entries, Index};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
+use crate::store::ETag;
 
 /// How long a partition counts as contended after the last sign of another writer.
 pub(super) const CONTENDED_FOR: Duration = Duration::from_secs(5);
@@ -251,7 +252,7 @@ impl Committer {
         &self,
         q: &Queue,
         batch: &Batch,
-        topic_etag: &str,
+        topic_etag: &ETag,
         cache: Option<Snapshot<Manifest>>,
     ) -> BrokerResult<Head> {
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);

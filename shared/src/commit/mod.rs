@@ -46,7 +46,7 @@ use crate::partition::lease;
 use crate::partition::produce::NewStored;
 use crate::partition::{Layout, Leased, Manifest, Rules, Settle};
 use crate::segment::SegmentCache;
-use crate::store::DynStore;
+use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
 pub use repair::Repair;
@@ -123,7 +123,7 @@ pub enum Peek {
     /// The cached snapshot.
     Known {
         /// Its ETag (`None`: the manifest did not exist).
-        etag: Option<String>,
+        etag: Option<ETag>,
         /// See [`lease::quiet_until`].
         quiet_until: Option<u64>,
     },
@@ -141,7 +141,7 @@ enum Op {
 struct Pending {
     op: Op,
     rules: Rules,
-    topic_etag: String,
+    topic_etag: ETag,
     /// The span of the request that queued it (`http::trace`): it learns its commit's id.
     span: tracing::Span,
 }
@@ -173,7 +173,7 @@ struct QueueState {
     /// Sweeps in a row that found nothing pending.
     idle_sweeps: u32,
     /// The rules and topic ETag sweeps commit under (those of the last produce batch).
-    sweep_with: Option<(Rules, String)>,
+    sweep_with: Option<(Rules, ETag)>,
     /// Message keys the last batch read for per-key ordering, at or above the frontier
     /// (facts: the next batch starts from them, and [`Committer::peek`] uses them).
     keys: lease::Keys,

@@ -29,7 +29,7 @@ use crate::objects::Reader;
 use crate::partition::index::{Entries, IndexRef};
 use crate::partition::rebuild::{self, Evidence, Report};
 use crate::partition::{Manifest, Rules, SegmentRef};
-use crate::store::StoreError;
+use crate::store::{ETag, StoreError};
 use crate::topic::Topic;
 
 use super::{Committer, Queue};
@@ -79,7 +79,7 @@ pub struct Repair {
 enum Found {
     Healthy,
     /// Damaged: the ETag to replace (`None`: no object) and why.
-    Damaged(Option<String>, String),
+    Damaged(Option<ETag>, String),
 }
 
 impl Committer {

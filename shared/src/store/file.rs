@@ -23,7 +23,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{content_etag, Failure, Listed, Object, Store, StoreError, StoreResult};
+use super::{content_etag, ETag, Failure, Listed, Object, Store, StoreError, StoreResult};
 
 const LOCK_FILE: &str = ".lock";
 const TMP_DIR: &str = ".tmp";
@@ -73,12 +73,7 @@ impl FileStore {
         Ok(self.root.join(key))
     }
 
-    async fn conditional_put(
-        &self,
-        key: &str,
-        data: Bytes,
-        cond: Condition,
-    ) -> StoreResult<String> {
+    async fn conditional_put(&self, key: &str, data: Bytes, cond: Condition) -> StoreResult<ETag> {
         let path = self.path_of(key)?;
         let root = self.root.clone();
         blocking(move || {
@@ -104,7 +99,7 @@ impl FileStore {
 
 enum Condition {
     Absent,
-    Match(String),
+    Match(ETag),
 }
 
 /// Holds the store-wide exclusive lock until dropped.
@@ -270,12 +265,12 @@ impl Store for FileStore {
         }))
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         self.conditional_put(key, data, Condition::Absent).await
     }
 
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
-        self.conditional_put(key, data, Condition::Match(etag.to_owned()))
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
+        self.conditional_put(key, data, Condition::Match(etag.clone()))
             .await
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{DynStore, Fetched, Listed, Object, Store, StoreResult};
+use super::{DynStore, ETag, Fetched, Listed, Object, Store, StoreResult};
 
 /// Wraps a store; every call sleeps `delay` before it is forwarded.
 pub struct LatencyStore {
@@ -31,17 +31,17 @@ impl Store for LatencyStore {
         self.inner.get(key).await
     }
 
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         tokio::time::sleep(self.delay).await;
         self.inner.get_if_changed(key, etag).await
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         tokio::time::sleep(self.delay).await;
         self.inner.put_if_absent(key, data).await
     }
 
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         tokio::time::sleep(self.delay).await;
         self.inner.put_if_match(key, data, etag).await
     }

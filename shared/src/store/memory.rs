@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Mutex;
 
-use super::{content_etag, Listed, Object, Store, StoreError, StoreResult};
+use super::{content_etag, ETag, Listed, Object, Store, StoreError, StoreResult};
 
 /// A map behind one lock; every operation is atomic.
 #[derive(Debug, Default)]
@@ -30,7 +30,7 @@ impl Store for MemoryStore {
         Ok(self.objects.lock().await.get(key).cloned())
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         let mut map = self.objects.lock().await;
         if map.contains_key(key) {
             return Err(StoreError::Conflict);
@@ -46,11 +46,11 @@ impl Store for MemoryStore {
         Ok(etag)
     }
 
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         let mut map = self.objects.lock().await;
         match map.get_mut(key) {
             None => Err(StoreError::NotFound),
-            Some(cur) if cur.etag != etag => Err(StoreError::Conflict),
+            Some(cur) if cur.etag != *etag => Err(StoreError::Conflict),
             Some(cur) => {
                 let new = content_etag(&data);
                 *cur = Object {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{DynStore, Fetched, Listed, Object, Store, StoreError, StoreResult};
+use super::{DynStore, ETag, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
 /// Operations, in the order [`Counts`] reports them.
 pub const OPS: [&str; 5] = ["get", "put_if_absent", "put_if_match", "delete", "list"];
@@ -119,19 +119,19 @@ impl Store for MeteredStore {
         r
     }
 
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         let r = self.inner.get_if_changed(key, etag).await;
         self.record(0, &r);
         r
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         let r = self.inner.put_if_absent(key, data).await;
         self.record(1, &r);
         r
     }
 
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         let r = self.inner.put_if_match(key, data, etag).await;
         self.record(2, &r);
         r
@@ -188,7 +188,7 @@ mod tests {
             .put_if_absent("k", Bytes::from_static(b"1"))
             .await
             .is_err());
-        m.put_if_match("k", Bytes::from_static(b"2"), "nope")
+        m.put_if_match("k", Bytes::from_static(b"2"), &ETag::new("nope"))
             .await
             .unwrap_err();
         m.put_if_match("k", Bytes::from_static(b"2"), &e)

@@ -38,13 +38,37 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+/// The version tag a store gives an object's content (S3's ETag, quotes included): opaque,
+/// only ever compared for equality and passed back to [`Store::put_if_match`] or
+/// [`Store::get_if_changed`]. A type of its own so that it cannot be swapped with a key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ETag(String);
+
+impl ETag {
+    /// The tag a store answered.
+    pub fn new(tag: impl Into<String>) -> Self {
+        Self(tag.into())
+    }
+
+    /// The tag as the store spells it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ETag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// An object's content and the ETag the store gave that content.
 #[derive(Debug, Clone)]
 pub struct Object {
     /// The object's bytes.
     pub data: Bytes,
     /// The opaque version tag to pass to [`Store::put_if_match`].
-    pub etag: String,
+    pub etag: ETag,
 }
 
 /// The answer to a conditional read ([`Store::get_if_changed`]).
@@ -161,22 +185,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reads `key` unless its ETag is still `etag` (`If-None-Match`): the cheap way to
     /// check that a cached copy is current. The default reads the whole object.
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         Ok(match self.get(key).await? {
             None => Fetched::Missing,
-            Some(o) if o.etag == etag => Fetched::Unchanged,
+            Some(o) if o.etag == *etag => Fetched::Unchanged,
             Some(o) => Fetched::Object(o),
         })
     }
 
     /// Creates `key` with `data` unless it exists. Returns the new ETag.
     /// Errors: [`StoreError::Conflict`] when the key already exists.
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String>;
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag>;
 
     /// Replaces `key` with `data` if its ETag is still `etag`. Returns the new ETag.
     /// Errors: [`StoreError::Conflict`] when the ETag differs, [`StoreError::NotFound`]
     /// when the object does not exist.
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String>;
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag>;
 
     /// Deletes `key`. Deleting a missing key is not an error.
     async fn delete(&self, key: &str) -> StoreResult<()>;
@@ -248,7 +272,7 @@ pub struct Listed {
     /// The key, relative to the store's root.
     pub key: String,
     /// Its ETag, as [`Store::get`] would answer it.
-    pub etag: String,
+    pub etag: ETag,
 }
 
 /// One page of directory names as [`Store::list_dirs`] returns it, from `names` in any
@@ -297,12 +321,12 @@ pub async fn open_with_latency(url: &str, latency: std::time::Duration) -> Store
 
 /// The ETag a content-addressed backend gives `data`: hex SHA-256, like S3's MD5 ETags
 /// it is equal for equal bytes.
-pub(crate) fn content_etag(data: &[u8]) -> String {
+pub(crate) fn content_etag(data: &[u8]) -> ETag {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(data);
     let mut out = String::with_capacity(32);
     for b in &digest[..16] {
         out.push_str(&format!("{b:02x}"));
     }
-    out
+    ETag(out)
 }

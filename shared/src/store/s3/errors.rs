@@ -4,12 +4,12 @@
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
-use crate::store::{Failure, StoreError, StoreResult};
+use crate::store::{ETag, Failure, StoreError, StoreResult};
 
 /// The one place ETags are read: verbatim, quotes and all, as S3 sent them.
-pub(super) fn etag_of(op: &str, key: &str, etag: Option<&str>) -> StoreResult<String> {
+pub(super) fn etag_of(op: &str, key: &str, etag: Option<&str>) -> StoreResult<ETag> {
     match etag {
-        Some(e) if !e.is_empty() => Ok(e.to_string()),
+        Some(e) if !e.is_empty() => Ok(ETag::new(e)),
         _ => Err(StoreError::other(format!(
             "{op} {key}: response has no ETag"
         ))),
@@ -142,7 +142,10 @@ mod tests {
 
     #[test]
     fn etag_is_verbatim() {
-        assert_eq!(etag_of("op", "k", Some("\"abc\"")).unwrap(), "\"abc\"");
+        assert_eq!(
+            etag_of("op", "k", Some("\"abc\"")).unwrap().as_str(),
+            "\"abc\""
+        );
         assert!(etag_of("op", "k", None).is_err());
     }
 

@@ -82,7 +82,7 @@ mod location;
 use errors::{etag_of, map_err};
 use location::{parse_location, strip_userinfo};
 
-use super::{Failure, Fetched, Listed, Object, Store, StoreError, StoreResult};
+use super::{ETag, Failure, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
 /// Retries of an idempotent operation (`get`, `list`, `delete`) after an `Unavailable` error.
 pub const SAFE_RETRIES: u32 = 3;
@@ -253,7 +253,7 @@ impl S3Store {
             }
         }
         match self
-            .put_if_match(key, data, "\"narad-probe-wrong-etag\"")
+            .put_if_match(key, data, &ETag::new("\"narad-probe-wrong-etag\""))
             .await
         {
             Err(StoreError::Conflict) => Ok(()),
@@ -395,11 +395,11 @@ impl Store for S3Store {
     }
 
     /// `GetObject` with `If-None-Match: <etag>`: a 304 costs no body transfer.
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
-        corrupt_if_still_mismatched(retry_safe(|| self.get_once(key, Some(etag))).await)
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
+        corrupt_if_still_mismatched(retry_safe(|| self.get_once(key, Some(etag.as_str()))).await)
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         let full = self.full_key(key);
         let out = self
             .client
@@ -416,14 +416,14 @@ impl Store for S3Store {
 
     /// Note: a server that answers `If-Match` on a missing key with 412 (instead of AWS's 404)
     /// makes this return [`StoreError::Conflict`]; the caller's re-read then finds no object.
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         let full = self.full_key(key);
         let out = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(&full)
-            .if_match(etag)
+            .if_match(etag.as_str())
             .body(ByteStream::from(data))
             .send()
             .await
@@ -497,7 +497,7 @@ impl Store for S3Store {
             .filter_map(|(k, e)| {
                 Some(Listed {
                     key: k.strip_prefix(&self.prefix)?.to_owned(),
-                    etag: e.to_owned(),
+                    etag: ETag::new(e),
                 })
             })
             .collect();

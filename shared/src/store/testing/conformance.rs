@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::store::{DynStore, Store, StoreError};
+use crate::store::{DynStore, ETag, Store, StoreError};
 
 /// Concurrent writers in the race check.
 pub const WRITERS: usize = 8;
@@ -86,7 +86,7 @@ async fn put_if_match_is_compare_and_swap(s: &dyn Store, p: &str) {
     assert_eq!(&got.data[..], b"v2");
     assert_eq!(got.etag, e2);
     let bogus = s
-        .put_if_match(&key, Bytes::from_static(b"v4"), "\"nonsense\"")
+        .put_if_match(&key, Bytes::from_static(b"v4"), &ETag::new("\"nonsense\""))
         .await;
     assert!(
         matches!(bogus, Err(StoreError::Conflict)),
@@ -96,7 +96,9 @@ async fn put_if_match_is_compare_and_swap(s: &dyn Store, p: &str) {
 
 async fn put_if_match_on_missing_is_not_found(s: &dyn Store, p: &str) {
     let key = format!("{p}/cas/never-created.json");
-    let r = s.put_if_match(&key, Bytes::from_static(b"x"), "abc").await;
+    let r = s
+        .put_if_match(&key, Bytes::from_static(b"x"), &ETag::new("abc"))
+        .await;
     assert!(
         matches!(r, Err(StoreError::NotFound)),
         "put_if_match on a missing key must be NotFound, got {r:?}"
@@ -111,7 +113,7 @@ async fn get_if_changed_is_conditional(s: &dyn Store, p: &str) {
     use crate::store::Fetched;
     let key = format!("{p}/cond/x");
     assert!(matches!(
-        s.get_if_changed(&key, "abc").await.unwrap(),
+        s.get_if_changed(&key, &ETag::new("abc")).await.unwrap(),
         Fetched::Missing
     ));
     let e1 = s

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::store::{DynStore, Fetched, Listed, Object, Store, StoreError, StoreResult};
+use crate::store::{DynStore, ETag, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
 /// How often each fault happens, as probabilities per request.
 #[derive(Debug, Clone, Copy)]
@@ -139,14 +139,14 @@ impl Store for FaultStore {
         }
     }
 
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         match self.draw(false, false).await {
             Fault::Before => Err(unavailable("get_if_changed")),
             _ => self.inner.get_if_changed(key, etag).await,
         }
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         match self.draw(true, !key.contains("/segments/")).await {
             Fault::Before => Err(unavailable("put_if_absent before")),
             Fault::Conflict => Err(StoreError::Conflict),
@@ -158,7 +158,7 @@ impl Store for FaultStore {
         }
     }
 
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         match self.draw(true, true).await {
             Fault::Before => Err(unavailable("put_if_match before")),
             Fault::Conflict => Err(StoreError::Conflict),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::store::{DynStore, Fetched, Listed, Object, Store, StoreResult};
+use crate::store::{DynStore, ETag, Fetched, Listed, Object, Store, StoreResult};
 
 const RUNNING: u8 = 0;
 const BEFORE: u8 = 1;
@@ -93,15 +93,15 @@ impl Store for FreezeStore {
         self.read(self.inner.get(key)).await
     }
 
-    async fn get_if_changed(&self, key: &str, etag: &str) -> StoreResult<Fetched> {
+    async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         self.read(self.inner.get_if_changed(key, etag)).await
     }
 
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<String> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         self.write(self.inner.put_if_absent(key, data)).await
     }
 
-    async fn put_if_match(&self, key: &str, data: Bytes, etag: &str) -> StoreResult<String> {
+    async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         self.write(self.inner.put_if_match(key, data, etag)).await
     }
 
