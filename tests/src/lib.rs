@@ -614,6 +614,23 @@ impl Process {
     /// Starts `narad serve --listen 127.0.0.1:PORT --store URL` with test credentials and
     /// waits until `/health` answers.
     pub async fn start(store_url: &str, port: u16, extra_env: &[(&str, &str)]) -> Self {
+        let child = Self::command(store_url, port, extra_env).spawn().unwrap();
+        Self::healthy(child, port).await
+    }
+
+    /// As [`Process::start`], with the process's log (stderr) piped to the caller.
+    pub async fn start_logged(
+        store_url: &str,
+        port: u16,
+        extra_env: &[(&str, &str)],
+    ) -> (Self, tokio::process::ChildStderr) {
+        let mut cmd = Self::command(store_url, port, extra_env);
+        let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let log = child.stderr.take().unwrap();
+        (Self::healthy(child, port).await, log)
+    }
+
+    fn command(store_url: &str, port: u16, extra_env: &[(&str, &str)]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(narad_binary());
         cmd.args([
             "serve",
@@ -630,7 +647,11 @@ impl Process {
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().unwrap();
+        cmd
+    }
+
+    /// Waits until `child`, serving on `port`, answers `/health`.
+    async fn healthy(child: tokio::process::Child, port: u16) -> Self {
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
         for _ in 0..300 {

@@ -175,32 +175,14 @@ async fn log_lines_name_their_request_and_its_commit() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut child = tokio::process::Command::new(narad_tests::narad_binary())
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--store",
-            &format!("file://{}", dir.path().display()),
-        ])
-        .env("NARAD_AUTH", format!("{USER}:{PASS}"))
-        // An operator's access log: warnings, plus each finished request.
-        .env("NARAD_LOG", "warn,narad_shared::http::trace=debug")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let url = format!("file://{}", dir.path().display());
+    // An operator's access log: warnings, plus each finished request.
+    let env = [("NARAD_LOG", "warn,narad_shared::http::trace=debug")];
+    let (p, log) = Process::start_logged(&url, port, &env).await;
     use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let base = format!("http://127.0.0.1:{port}");
+    let mut lines = tokio::io::BufReader::new(log).lines();
+    let base = p.base.clone();
     let http = reqwest::Client::new();
-    for _ in 0..300 {
-        if http.get(format!("{base}/health")).send().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let send = |method: reqwest::Method, path: &str, id: &str, pass: &str| {
         http.request(method, format!("{base}{path}"))
             .basic_auth(USER, Some(pass))
@@ -277,5 +259,5 @@ async fn log_lines_name_their_request_and_its_commit() {
     assert!(commit >= 1);
     assert!(refused.unwrap().contains("route=/v1/topics/{topic}"));
     assert!(health.unwrap().contains("route=/health"));
-    let _ = child.kill().await;
+    p.kill().await;
 }

@@ -275,21 +275,14 @@ impl Change<Manifest> for BatchCommit<'_> {
 
     fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
         // `prepare` planned against this state already; planning here only if it did not.
-        let plan = self.plan.get_or_insert_with(|| {
+        let plan = self.plan.take().unwrap_or_else(|| {
             let spilled = &self.spilled;
             Plan::new(&self.batch.produces, m, self.now, &|k| {
                 spilled.get(k).copied()
             })
         });
-        let written = Written {
-            plan,
-            segment: self.segment.as_ref(),
-            found_at: self.found_at,
-            foreign: &self.foreign,
-            upkeep: &self.upkeeper.upkeep,
-            keys: &self.keys,
-        };
-        let d = batch::apply(m, self.now, &self.batch, written);
+        let d = batch::apply(m, self.now, &self.batch, self.written(&plan));
+        self.plan = Some(plan);
         self.wrote = matches!(d, Decision::Commit(_));
         Ok(d)
     }
@@ -308,20 +301,25 @@ pub(super) fn combinable(batch: &Batch) -> bool {
 }
 
 impl BatchCommit<'_> {
+    /// What this attempt writes, with its produces planned as `plan`.
+    fn written<'s>(&'s self, plan: &'s Plan) -> Written<'s> {
+        Written {
+            plan,
+            segment: self.segment.as_ref(),
+            found_at: self.found_at,
+            foreign: &self.foreign,
+            upkeep: &self.upkeeper.upkeep,
+            keys: &self.keys,
+        }
+    }
+
     /// Per-key ordering: runs this attempt's batch on a copy of `state` and reads the keys
     /// its leases stopped at, until they stop nowhere or [`KEY_ROUNDS`] are spent.
     async fn read_keys(&mut self, state: &Manifest) {
         let layout = state.layout();
         for _ in 0..KEY_ROUNDS {
             let Some(plan) = &self.plan else { return };
-            let written = Written {
-                plan,
-                segment: self.segment.as_ref(),
-                found_at: self.found_at,
-                foreign: &self.foreign,
-                upkeep: &self.upkeeper.upkeep,
-                keys: &self.keys,
-            };
+            let written = self.written(plan);
             let mut probe = state.clone();
             let wants = match batch::apply(&mut probe, self.now, &self.batch, written) {
                 Decision::Commit(a) | Decision::Keep(a) => a.wants_key,

@@ -38,6 +38,7 @@ use crate::cache::Cache;
 use crate::cas::Snapshot;
 use crate::clock::{Clock, IdSource};
 use crate::error::{BrokerError, BrokerResult};
+use crate::objects::Reader;
 use crate::partition::batch::SettleOp;
 use crate::partition::compact::Swap;
 use crate::partition::dedup::Chunk;
@@ -262,6 +263,11 @@ impl Committer {
             next_id: AtomicU64::new(0),
             stats: CommitStats::default(),
         }
+    }
+
+    /// Reads segments and index objects through this process's caches.
+    fn reader(&self) -> Reader<'_> {
+        Reader::new(&self.store, &self.caches.segments, &self.caches.indexes)
     }
 
     /// The wake-ups this committer sends after commits that make messages available.

@@ -8,7 +8,7 @@
 //! [`KEY_ROUNDS`] times; whatever it still does not know is not leased this time (never
 //! out of order, at worst a consume that finds less).
 
-use crate::objects::{fetch_segment, Reader};
+use crate::objects::fetch_segment;
 use crate::partition::index::Entries;
 use crate::partition::lease::{key_hash, Keys, MAX_ORDERED_SCAN};
 use crate::partition::{Layout, SegmentRef};
@@ -35,7 +35,7 @@ impl Committer {
         if keys.len() as u64 > 2 * MAX_ORDERED_SCAN {
             return false;
         }
-        let reader = Reader::new(&self.store, &self.caches.segments, &self.caches.indexes);
+        let reader = self.reader();
         let found = match reader.segment_of(&q.topic, q.partition, layout, from).await {
             Ok(Some(found)) => found,
             Ok(None) => return false,

@@ -25,7 +25,6 @@ use serde::Serialize;
 use crate::cas::{CasError, Cell, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::objects::Reader;
 use crate::partition::index::{Entries, IndexRef};
 use crate::partition::rebuild::{self, Evidence, Report};
 use crate::partition::{Manifest, Rules, SegmentRef};
@@ -253,7 +252,7 @@ impl Committer {
     /// What survives of `t`: its newest checkpoint, the checkpoint's unsettled segments,
     /// and the segments it does not name.
     async fn evidence(&self, t: &Target<'_>) -> BrokerResult<Evidence> {
-        let reader = Reader::new(&self.store, &self.caches.segments, &self.caches.indexes);
+        let reader = self.reader();
         let ckpts = self
             .store
             .list(&keys::checkpoints_prefix(t.topic, t.partition))
