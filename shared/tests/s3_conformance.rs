@@ -65,3 +65,28 @@ async fn missing_bucket_fails_clearly() {
         Ok(s) => panic!("opening a missing bucket must fail, got {}", s.describe()),
     }
 }
+
+/// Conditional writes race with exactly one winner, 40 rounds of each kind through
+/// Narad's S3 store (SeaweedFS fixed a race among If-None-Match writers in March 2026).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conditional_write_races_have_one_winner() {
+    let Some(url) = target() else { return };
+    let store = store::open(&url).await.unwrap();
+    let prefix = format!("races-{}", uuid::Uuid::new_v4());
+    let seen = store::testing::conformance::race_rounds(store.clone(), &prefix, 40).await;
+    println!(
+        "{}: {} writers per round; put_if_absent: {} of {} rounds with exactly one winner; \
+         put_if_match: {} of {}",
+        store.describe(),
+        store::testing::conformance::WRITERS,
+        seen.create_one_winner,
+        seen.rounds,
+        seen.replace_one_winner,
+        seen.rounds
+    );
+    assert_eq!(seen.create_one_winner, 40, "{seen:?}");
+    assert_eq!(seen.replace_one_winner, 40, "{seen:?}");
+    for key in store.list(&format!("{prefix}/")).await.unwrap_or_default() {
+        let _ = store.delete(&key).await;
+    }
+}

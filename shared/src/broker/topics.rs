@@ -304,9 +304,14 @@ impl Broker {
         self.load_topic(name).await?;
         self.topics.forget(name);
         self.store.delete(&keys::topic_settings(name)).await?;
-        for key in self.store.list(&keys::topic_prefix(name)).await? {
-            self.store.delete(&key).await?;
+        let prefix = keys::topic_prefix(name);
+        let mut deleted = self.store.list(&prefix).await?;
+        for key in &deleted {
+            self.store.delete(key).await?;
         }
+        // The folders too, so the topic stops being listed and counted at once (SeaweedFS).
+        deleted.push(keys::topic_settings(name));
+        self.store.delete_folders(&prefix, &deleted).await?;
         self.committer.wakers().wake(name);
         Ok(())
     }

@@ -71,6 +71,11 @@ impl Store for LatencyStore {
         self.inner.list_files(prefix).await
     }
 
+    async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.delete_folders(prefix, deleted).await
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (+{} ms emulated latency per request)",

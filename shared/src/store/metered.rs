@@ -167,6 +167,13 @@ impl Store for MeteredStore {
         r
     }
 
+    /// Counted as one delete, whatever number of folder keys the store deletes.
+    async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
+        let r = self.inner.delete_folders(prefix, deleted).await;
+        self.record(3, &r);
+        r
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

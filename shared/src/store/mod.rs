@@ -226,6 +226,10 @@ pub trait Store: Send + Sync + 'static {
     /// by `/`). One page of a delimited listing (`ListObjectsV2` with `Delimiter=/`), so
     /// its cost does not grow with the objects below each name. The default derives it
     /// from [`Store::list`].
+    ///
+    /// A name whose keys have all been deleted may still be listed for a while (SeaweedFS
+    /// keeps the empty folder until its cleanup runs, minutes later) unless the deleter
+    /// also called [`Store::delete_folders`].
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
         let names = self
             .list(prefix)
@@ -258,8 +262,45 @@ pub trait Store: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// Forgets the folders below `prefix` (which ends with `/`, and counts as one) that the
+    /// keys in `deleted` lived in, once those keys are deleted, so that [`Store::list_dirs`]
+    /// stops naming them. A folder that still holds a key is left alone. Folders are implicit
+    /// on S3 and the file store removes empty directories itself, so the default does nothing;
+    /// the S3 store deletes each folder's own key (`folder/`), deepest first, for SeaweedFS,
+    /// whose gateway keeps an emptied folder listed for minutes otherwise (on S3 such a
+    /// DELETE of a missing key is free and harmless).
+    async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
+        let _ = (prefix, deleted);
+        Ok(())
+    }
+
     /// A short description for logs and startup messages (never contains secrets).
     fn describe(&self) -> String;
+}
+
+/// The folders `keys` lie in, from `prefix` itself (which ends with `/`) down, each ending
+/// with `/`, deepest first (so each is empty when its turn comes), without repeats. Keys
+/// outside `prefix` are ignored.
+pub fn folders_below(prefix: &str, keys: &[String]) -> Vec<String> {
+    let mut folders = std::collections::BTreeSet::new();
+    for key in keys {
+        let Some(rest) = key.strip_prefix(prefix) else {
+            continue;
+        };
+        folders.insert(prefix.to_owned());
+        let mut end = 0;
+        while let Some(slash) = rest[end..].find('/') {
+            end += slash + 1;
+            folders.insert(format!("{prefix}{}", &rest[..end]));
+        }
+    }
+    let mut out: Vec<String> = folders.into_iter().collect();
+    // Deepest first; within one depth, in key order.
+    out.sort_by(|a, b| {
+        let depth = |s: &str| s.matches('/').count();
+        depth(b).cmp(&depth(a)).then_with(|| a.cmp(b))
+    });
+    out
 }
 
 /// Most objects one [`Store::list_files`] answers (one S3 listing page, which also
@@ -329,4 +370,36 @@ pub(crate) fn content_etag(data: &[u8]) -> ETag {
         out.push_str(&format!("{b:02x}"));
     }
     ETag(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::folders_below;
+
+    #[test]
+    fn folders_come_deepest_first_from_the_prefix_down() {
+        let keys: Vec<String> = [
+            "topics/t/topic.json",
+            "topics/t/0.manifest.json",
+            "topics/t/0/segments/s1",
+            "topics/t/0/segments/s2",
+            "topics/t/1/indexes/i",
+            "elsewhere/x",
+        ]
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+        assert_eq!(
+            folders_below("topics/t/", &keys),
+            vec![
+                "topics/t/0/segments/",
+                "topics/t/1/indexes/",
+                "topics/t/0/",
+                "topics/t/1/",
+                "topics/t/",
+            ]
+        );
+        assert!(folders_below("topics/t/", &[]).is_empty());
+        assert!(folders_below("topics/t/", &["topics/u/x".to_string()]).is_empty());
+    }
 }

@@ -8,7 +8,7 @@
 //! The usual AWS way ([`aws_config::defaults`]): credentials and region from the environment,
 //! the shared config files, SSO, web identity or instance metadata. With no region configured
 //! the store uses `us-east-1`. When `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` is set
-//! (LocalStack, MinIO) the client uses that endpoint with path-style addressing.
+//! (LocalStack, SeaweedFS) the client uses that endpoint with path-style addressing.
 //! Timeouts: 3 s to connect, 30 s per request attempt (and 30 s to read a body).
 //!
 //! # Startup probe
@@ -21,8 +21,9 @@
 //!   IAM policy can restrict `s3:ListBucket` to the prefix.)
 //! * the server ignores conditional writes: it writes `{prefix}.narad-probe/{uuid}` with
 //!   `If-None-Match: *` twice (the second must fail with 412/409), then with `If-Match` and a
-//!   wrong ETag (must fail with 412/409), then deletes the probe object. Cost: one LIST,
-//!   three PUTs, one DELETE.
+//!   wrong ETag (must fail with 412/409), then with `If-Match` on a key that does not exist
+//!   (404 or 412: which one is remembered, see below; it must not create the key), then
+//!   deletes the probe object. Cost: one LIST, four PUTs, one DELETE.
 //!
 //! # Contract
 //!
@@ -40,6 +41,7 @@
 //! | what S3 answered                                          | [`StoreError`]   |
 //! |-----------------------------------------------------------|------------------|
 //! | 412 `PreconditionFailed`                                  | `Conflict`       |
+//! | 412 to `put_if_match` on a server that answers a missing key so, then 404 to `HeadObject` | `NotFound` |
 //! | 409 (`ConditionalRequestConflict`, `OperationAborted`)    | `Conflict`       |
 //! | 404 `NoSuchKey` / `NotFound` (`put_if_match` on a missing key; `get` turns it into `None`, `delete` into `Ok`) | `NotFound` |
 //! | 404 `NoSuchBucket`                                        | `Other`          |
@@ -48,9 +50,13 @@
 //! | timeout, dispatch/connection failure, unreadable or lost response, body read error | `Unavailable` |
 //! | request that could not be built, invalid endpoint, anything else (403, 400, ...) | `Other` |
 //!
-//! Some S3-compatible servers answer `If-Match` on a missing key with 412 instead of 404. That
-//! surfaces as `Conflict`, which is still safe: every caller re-reads on `Conflict` and then sees
-//! the object missing. No extra request is made to tell the two apart.
+//! Some S3-compatible servers (SeaweedFS) answer `If-Match` on a missing key with 412
+//! `PreconditionFailed`, the same answer, body and all, as a stale ETag, where AWS and
+//! LocalStack answer 404 `NoSuchKey`. The startup probe learns which (`MissingOnMatch`: one
+//! `If-Match` PUT of a key that does not exist). On a server of the 412 kind, a 412 from
+//! `put_if_match` is followed by one `HeadObject`: 404 makes it `NotFound`, anything else
+//! `Conflict` (the PUT wrote nothing either way, so a failed HEAD cannot make it wrong). On AWS
+//! no extra request is ever made.
 //!
 //! # Retries
 //!
@@ -92,6 +98,8 @@ const RETRY_BASE: Duration = Duration::from_millis(50);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Time allowed for one request attempt, and separately for reading a response body.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Folder keys [`Store::delete_folders`] deletes at once.
+const FOLDER_DELETES_AT_ONCE: usize = 16;
 /// Folder (under the store prefix) of the startup probe's objects.
 const PROBE_DIR: &str = ".narad-probe";
 
@@ -105,6 +113,17 @@ pub struct S3Store {
     /// For [`Store::describe`]: the endpoint without any userinfo.
     endpoint: Option<String>,
     region: String,
+    /// How this server answers `If-Match` on a missing key (learned by the probe).
+    missing_on_match: MissingOnMatch,
+}
+
+/// How a server answers `PutObject` with `If-Match` on a key that does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MissingOnMatch {
+    /// 404 `NoSuchKey`, as AWS and LocalStack answer: the status says it.
+    NotFound,
+    /// 412 `PreconditionFailed`, as SeaweedFS answers: a 412 is told apart with `HeadObject`.
+    PreconditionFailed,
 }
 
 impl S3Store {
@@ -168,13 +187,16 @@ impl S3Store {
                 .or_else(|| sdk.endpoint_url().map(str::to_string))
                 .map(|e| strip_userinfo(&e)),
             region,
+            missing_on_match: MissingOnMatch::NotFound,
         };
-        store.probe().await?;
+        let mut store = store;
+        store.missing_on_match = store.probe().await?;
         Ok(store)
     }
 
-    /// Checks the bucket and conditional-write support once, at startup.
-    async fn probe(&self) -> StoreResult<()> {
+    /// Checks the bucket and conditional-write support once, at startup, and learns how the
+    /// server answers `If-Match` on a missing key.
+    async fn probe(&self) -> StoreResult<MissingOnMatch> {
         let desc = self.describe();
         // A ListObjectsV2 under the store's own prefix (not HeadBucket): IAM authorises it
         // as s3:ListBucket with an s3:prefix, so a policy can limit listing to the prefix.
@@ -233,7 +255,7 @@ impl S3Store {
     }
 
     /// The conditional-write part of the probe. Returns why it failed.
-    async fn probe_conditional_writes(&self, key: &str) -> Result<(), String> {
+    async fn probe_conditional_writes(&self, key: &str) -> Result<MissingOnMatch, String> {
         let data = Bytes::from_static(b"narad startup probe");
         let full = self.full_key(key);
         self.put_if_absent(key, data.clone())
@@ -256,14 +278,81 @@ impl S3Store {
             .put_if_match(key, data, &ETag::new("\"narad-probe-wrong-etag\""))
             .await
         {
-            Err(StoreError::Conflict) => Ok(()),
-            Ok(_) => Err(format!(
+            Err(StoreError::Conflict) => {}
+            Ok(_) => {
+                return Err(format!(
                 "an If-Match PUT of {full:?} with a wrong ETag succeeded instead of failing with 412"
-            )),
+            ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "an If-Match PUT of {full:?} with a wrong ETag failed with {e} instead of 412"
+                ))
+            }
+        }
+        let missing = format!("{key}-missing");
+        let full_missing = self.full_key(&missing);
+        let answer = self
+            .put_if_match_once(
+                &missing,
+                Bytes::from_static(b"x"),
+                &ETag::new("\"narad-probe\""),
+            )
+            .await;
+        match answer {
+            Err(StoreError::NotFound) => Ok(MissingOnMatch::NotFound),
+            Err(StoreError::Conflict) => Ok(MissingOnMatch::PreconditionFailed),
+            Ok(_) => {
+                let _ = self.delete(&missing).await;
+                Err(format!(
+                    "an If-Match PUT of the missing key {full_missing:?} created it instead of \
+                     failing with 404 or 412"
+                ))
+            }
             Err(e) => Err(format!(
-                "an If-Match PUT of {full:?} with a wrong ETag failed with {e} instead of 412"
+                "an If-Match PUT of the missing key {full_missing:?} failed with {e} instead of \
+                 404 or 412"
             )),
         }
+    }
+
+    /// One `PutObject` with `If-Match`, its answer classified by status alone.
+    async fn put_if_match_once(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
+        let full = self.full_key(key);
+        let out = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .if_match(etag.as_str())
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|err| map_err("PutObject(If-Match)", &full, err))?;
+        etag_of("PutObject", &full, out.e_tag())
+    }
+
+    /// Whether `key` exists, by `HeadObject` (retried like a GET). Used only to tell a 412
+    /// on a missing key from a stale ETag, on servers that answer both alike.
+    async fn exists(&self, key: &str) -> StoreResult<bool> {
+        let full = self.full_key(key);
+        retry_safe(|| async {
+            match self
+                .client
+                .head_object()
+                .bucket(&self.bucket)
+                .key(&full)
+                .send()
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(err) => match map_err("HeadObject", &full, err) {
+                    StoreError::NotFound => Ok(false),
+                    other => Err(other),
+                },
+            }
+        })
+        .await
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -414,21 +503,20 @@ impl Store for S3Store {
         etag_of("PutObject", &full, out.e_tag())
     }
 
-    /// Note: a server that answers `If-Match` on a missing key with 412 (instead of AWS's 404)
-    /// makes this return [`StoreError::Conflict`]; the caller's re-read then finds no object.
+    /// On a server that answers `If-Match` on a missing key with 412 (SeaweedFS), a 412 costs
+    /// one `HeadObject` more, to answer [`StoreError::NotFound`] when the key is missing.
     async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
-        let full = self.full_key(key);
-        let out = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(&full)
-            .if_match(etag.as_str())
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map_err(|err| map_err("PutObject(If-Match)", &full, err))?;
-        etag_of("PutObject", &full, out.e_tag())
+        let r = self.put_if_match_once(key, data, etag).await;
+        match (r, self.missing_on_match) {
+            (Err(StoreError::Conflict), MissingOnMatch::PreconditionFailed) => {
+                match self.exists(key).await {
+                    Ok(false) => Err(StoreError::NotFound),
+                    // Present, or unknown: the PUT wrote nothing either way.
+                    Ok(true) | Err(_) => Err(StoreError::Conflict),
+                }
+            }
+            (r, _) => r,
+        }
     }
 
     async fn delete(&self, key: &str) -> StoreResult<()> {
@@ -503,6 +591,31 @@ impl Store for S3Store {
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
+    }
+
+    /// One `DeleteObject` per folder key (`folder/`), deepest first; those of one depth at
+    /// once (at most [`FOLDER_DELETES_AT_ONCE`]). SeaweedFS removes an empty folder so and
+    /// keeps one that holds anything; on S3 each is a DELETE of a missing key.
+    async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
+        let folders = super::folders_below(prefix, deleted);
+        let mut rest = &folders[..];
+        while let Some(first) = rest.first() {
+            let depth = first.matches('/').count();
+            let n = rest
+                .iter()
+                .take_while(|f| f.matches('/').count() == depth)
+                .count();
+            let (level, next) = rest.split_at(n);
+            for chunk in level.chunks(FOLDER_DELETES_AT_ONCE) {
+                let mut deletes = Vec::with_capacity(chunk.len());
+                for folder in chunk {
+                    deletes.push(self.delete(folder));
+                }
+                futures::future::try_join_all(deletes).await?;
+            }
+            rest = next;
+        }
+        Ok(())
     }
 
     fn describe(&self) -> String {

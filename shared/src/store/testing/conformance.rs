@@ -197,10 +197,14 @@ async fn list_after_pages(s: &dyn Store, p: &str) {
         .await
         .unwrap();
     s.delete(&gone).await.unwrap();
+    // Without this a store may keep listing the emptied folder for a while (SeaweedFS).
+    s.delete_folders(&format!("{p}/list/gone/"), std::slice::from_ref(&gone))
+        .await
+        .unwrap();
     assert_eq!(
         s.list_dirs(&list, "", 10).await.unwrap(),
         vec!["a", "ab", "b"],
-        "list_dirs: the names with keys below them, not plain objects"
+        "list_dirs: the names with keys below them, not plain objects nor deleted folders"
     );
     assert_eq!(s.list_dirs(&list, "a", 10).await.unwrap(), vec!["ab", "b"]);
     assert_eq!(s.list_dirs(&list, "", 1).await.unwrap(), vec!["a"]);
@@ -210,6 +214,14 @@ async fn list_after_pages(s: &dyn Store, p: &str) {
         .await
         .unwrap()
         .is_empty());
+    // A folder that still holds a key stays.
+    s.delete_folders(&list, &[format!("{p}/list/a/9")])
+        .await
+        .unwrap();
+    assert_eq!(
+        s.list_dirs(&list, "", 10).await.unwrap(),
+        vec!["a", "ab", "b"]
+    );
     list_files_with_etags(s, p).await;
     assert_eq!(
         s.list_after(&format!("{p}/list/"), "a/2", 10)
@@ -340,4 +352,74 @@ async fn create_race(store: DynStore, p: &str) {
     );
     let got = store.get(&key).await.unwrap().unwrap();
     assert_eq!(got.data, Bytes::from(format!("writer-{}", winners[0])));
+}
+
+/// What [`race_rounds`] saw: rounds run, and rounds of each kind with exactly one winner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaceRounds {
+    /// Rounds of each kind.
+    pub rounds: usize,
+    /// `put_if_absent` rounds in which exactly one of the writers created the key.
+    pub create_one_winner: usize,
+    /// `put_if_match` rounds in which exactly one of the writers replaced the object.
+    pub replace_one_winner: usize,
+}
+
+/// `rounds` rounds of two races among [`WRITERS`] concurrent writers, each on a fresh key:
+/// all create it with `put_if_absent`, then all replace it with `put_if_match` on the same
+/// ETag. A round counts when exactly one writer wins, every other one gets `Conflict`, and the
+/// object holds the winner's bytes. Panics on any other error; the caller asserts the counts.
+pub async fn race_rounds(store: DynStore, prefix: &str, rounds: usize) -> RaceRounds {
+    let p = prefix.trim_end_matches('/');
+    let mut seen = RaceRounds {
+        rounds,
+        create_one_winner: 0,
+        replace_one_winner: 0,
+    };
+    for round in 0..rounds {
+        let key = Arc::new(format!("{p}/rounds/{round}"));
+        let created = race_once(&store, &key, None).await;
+        if created.is_some() {
+            seen.create_one_winner += 1;
+        }
+        let current = store.get(&key).await.unwrap().expect("the race created it");
+        if race_once(&store, &key, Some(current.etag)).await.is_some() {
+            seen.replace_one_winner += 1;
+        }
+    }
+    seen
+}
+
+/// One race: [`WRITERS`] tasks write `key` at once (`put_if_absent`, or `put_if_match` on
+/// `etag`). `Some(winner)` when exactly one won and the object holds its bytes.
+async fn race_once(store: &DynStore, key: &Arc<String>, etag: Option<ETag>) -> Option<usize> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut tasks = Vec::new();
+    for i in 0..WRITERS {
+        let (store, key, etag, barrier) =
+            (store.clone(), key.clone(), etag.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let data = Bytes::from(format!("writer-{i}-{}", etag.is_some()));
+            barrier.wait().await;
+            match &etag {
+                None => store.put_if_absent(&key, data).await,
+                Some(e) => store.put_if_match(&key, data, e).await,
+            }
+        }));
+    }
+    let mut winners = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok(_) => winners.push(i),
+            Err(StoreError::Conflict) => {}
+            Err(e) => panic!("unexpected error in a race on {key}: {e}"),
+        }
+    }
+    let [winner] = winners[..] else {
+        println!("race on {key}: winners {winners:?}");
+        return None;
+    };
+    let got = store.get(key).await.unwrap().expect("the winner's object");
+    let want = format!("writer-{winner}-{}", etag.is_some());
+    (got.data == want.as_bytes()).then_some(winner)
 }

@@ -209,6 +209,10 @@ impl Store for FaultStore {
         }
     }
 
+    async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
+        self.inner.delete_folders(prefix, deleted).await
+    }
+
     fn describe(&self) -> String {
         format!("faulty {}", self.inner.describe())
     }

@@ -125,6 +125,10 @@ impl Store for FreezeStore {
         self.read(self.inner.list_files(prefix)).await
     }
 
+    async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
+        self.write(self.inner.delete_folders(prefix, deleted)).await
+    }
+
     fn describe(&self) -> String {
         format!("freezable {}", self.inner.describe())
     }
