@@ -61,7 +61,7 @@ step "lints (cargo clippy -D warnings)" "5 s warm; 9 min cold" cargo clippy --wo
 step "LocalStack S3 (localstack/start.sh)" "2 s; 1 min the first time" localstack/start.sh
 # SeaweedFS's S3 gateway (seaweedfs/start.sh checks its ports are free), signed requests only.
 sw_port=8333 sw_key=narad sw_secret=narad-seaweedfs-secret
-step "SeaweedFS S3 (seaweedfs/start.sh)" "3 s; 20 s the first time" \
+step "SeaweedFS S3 (seaweedfs/start.sh)" "3 s; 16 s the first time" \
     env NARAD_SEAWEEDFS_PORT=$sw_port NARAD_SEAWEEDFS_ACCESS_KEY=$sw_key \
     NARAD_SEAWEEDFS_SECRET_KEY=$sw_secret seaweedfs/start.sh
 step "build (workspace, all targets)" "5 s warm; 11 min cold" cargo build --workspace --all-targets
@@ -77,7 +77,7 @@ seaweedfs_suite() {
         AWS_SECRET_ACCESS_KEY="$sw_secret" NARAD_TEST_S3="$base/conformance" \
         NARAD_TEST_STORE="$base/http" tests
 }
-step "the same tests with conformance and the HTTP suite on SeaweedFS" "70 s" seaweedfs_suite
+step "the same tests with conformance and the HTTP suite on SeaweedFS" "6 min (3 of them the races)" seaweedfs_suite
 # The OpenAPI document validated, and schemathesis against `narad serve` (tests/schemathesis.sh).
 step "API fuzzing (schemathesis against narad serve)" "1 min; 1 min more the first time" tests/schemathesis.sh
 # The web console in headless Chromium (tests/console.sh; installs chromium with apt if missing).

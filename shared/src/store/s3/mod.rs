@@ -117,6 +117,15 @@ pub struct S3Store {
     missing_on_match: MissingOnMatch,
 }
 
+/// The condition of one `PutObject`.
+#[derive(Debug, Clone, Copy)]
+enum Condition<'a> {
+    /// `If-None-Match: *`.
+    Absent,
+    /// `If-Match: <etag>`.
+    Matches(&'a ETag),
+}
+
 /// How a server answers `PutObject` with `If-Match` on a key that does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MissingOnMatch {
@@ -293,10 +302,10 @@ impl S3Store {
         let missing = format!("{key}-missing");
         let full_missing = self.full_key(&missing);
         let answer = self
-            .put_if_match_once(
+            .put_once(
                 &missing,
                 Bytes::from_static(b"x"),
-                &ETag::new("\"narad-probe\""),
+                Condition::Matches(&ETag::new("\"narad-probe\"")),
             )
             .await;
         match answer {
@@ -316,19 +325,26 @@ impl S3Store {
         }
     }
 
-    /// One `PutObject` with `If-Match`, its answer classified by status alone.
-    async fn put_if_match_once(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
+    /// One conditional `PutObject`, its answer classified by status alone.
+    async fn put_once(&self, key: &str, data: Bytes, cond: Condition<'_>) -> StoreResult<ETag> {
         let full = self.full_key(key);
-        let out = self
-            .client
-            .put_object()
+        let (op, req) = match cond {
+            Condition::Absent => (
+                "PutObject(If-None-Match)",
+                self.client.put_object().if_none_match("*"),
+            ),
+            Condition::Matches(etag) => (
+                "PutObject(If-Match)",
+                self.client.put_object().if_match(etag.as_str()),
+            ),
+        };
+        let out = req
             .bucket(&self.bucket)
             .key(&full)
-            .if_match(etag.as_str())
             .body(ByteStream::from(data))
             .send()
             .await
-            .map_err(|err| map_err("PutObject(If-Match)", &full, err))?;
+            .map_err(|err| map_err(op, &full, err))?;
         etag_of("PutObject", &full, out.e_tag())
     }
 
@@ -489,24 +505,13 @@ impl Store for S3Store {
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
-        let full = self.full_key(key);
-        let out = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(&full)
-            .if_none_match("*")
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map_err(|err| map_err("PutObject(If-None-Match)", &full, err))?;
-        etag_of("PutObject", &full, out.e_tag())
+        self.put_once(key, data, Condition::Absent).await
     }
 
     /// On a server that answers `If-Match` on a missing key with 412 (SeaweedFS), a 412 costs
     /// one `HeadObject` more, to answer [`StoreError::NotFound`] when the key is missing.
     async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
-        let r = self.put_if_match_once(key, data, etag).await;
+        let r = self.put_once(key, data, Condition::Matches(etag)).await;
         match (r, self.missing_on_match) {
             (Err(StoreError::Conflict), MissingOnMatch::PreconditionFailed) => {
                 match self.exists(key).await {
