@@ -48,9 +48,34 @@ pub const MAX_ATTEMPTS: u32 = 24;
 pub enum Invalid {
     /// The bytes do not decode.
     Corrupt(String),
+    /// A newer version of Narad wrote it: not damage, and never to be rewritten here.
+    Newer(Newer),
     /// The object belongs to a newer generation than the caller's context (a topic that
     /// was deleted and created again).
     Superseded,
+}
+
+/// An object in a format newer than this build knows: which version field says so, the
+/// version found and the newest this build reads. Such an object is answered 503
+/// `upgrade_required` and never rewritten, repaired, compacted or deleted by this build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Newer {
+    /// The version field, e.g. `manifest format`.
+    pub what: &'static str,
+    /// The version the object has.
+    pub found: u64,
+    /// The newest version this build reads.
+    pub known: u64,
+}
+
+impl std::fmt::Display for Newer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} is newer than this build of Narad reads ({})",
+            self.what, self.found, self.known
+        )
+    }
 }
 
 /// What ends a sealed JSON object: a newline, `#crc32:`, 8 hex digits, a newline.
@@ -129,7 +154,12 @@ pub trait Stored: Clone + Send + Sync + Sized + 'static {
 
 /// A plain JSON record kept as one object; `Option<T>` is the stored state (`None`:
 /// absent). Records keep no write ids.
-pub trait JsonRecord: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {}
+pub trait JsonRecord: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
+    /// The version field that says a newer build wrote this record, if one does.
+    fn newer(&self) -> Option<Newer> {
+        None
+    }
+}
 
 impl<T: JsonRecord> Stored for Option<T> {
     type Context = ();
@@ -139,9 +169,12 @@ impl<T: JsonRecord> Stored for Option<T> {
     }
 
     fn decode(data: &[u8], _: &()) -> Result<Self, Invalid> {
-        serde_json::from_slice(open_json(data)?)
-            .map(Some)
-            .map_err(|e| Invalid::Corrupt(e.to_string()))
+        let record: T = serde_json::from_slice(open_json(data)?)
+            .map_err(|e| Invalid::Corrupt(e.to_string()))?;
+        match record.newer() {
+            Some(newer) => Err(Invalid::Newer(newer)),
+            None => Ok(Some(record)),
+        }
     }
 
     fn encode(&self) -> Result<Bytes, String> {
@@ -187,6 +220,14 @@ pub enum CasError<E> {
     /// The stored object belongs to a newer generation than the caller's view.
     #[error("the object belongs to a newer generation; reload")]
     Superseded,
+    /// The stored object was written by a newer version of Narad.
+    #[error("{key} was written by a newer version of Narad: {newer}")]
+    Newer {
+        /// Its key.
+        key: String,
+        /// Which version, and the newest this build knows.
+        newer: Newer,
+    },
     /// The stored object does not decode.
     #[error("corrupt stored object {key}: {detail}")]
     Corrupt {
@@ -290,6 +331,10 @@ impl<'a, S: Stored> Cell<'a, S> {
                 etag: Some(obj.etag),
             }),
             Err(Invalid::Superseded) => Err(CasError::Superseded),
+            Err(Invalid::Newer(newer)) => Err(CasError::Newer {
+                key: self.key.to_owned(),
+                newer,
+            }),
             Err(Invalid::Corrupt(detail)) => Err(CasError::Corrupt {
                 key: self.key.to_owned(),
                 detail,

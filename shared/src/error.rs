@@ -72,6 +72,14 @@ pub enum BrokerError {
     /// Stored data does not decode.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
+    /// A stored object was written by a newer version of Narad; this build leaves it alone.
+    #[error("{object} was written by a newer version of Narad: {newer}")]
+    UpgradeRequired {
+        /// Its key.
+        object: String,
+        /// Which version, and the newest this build knows.
+        newer: crate::cas::Newer,
+    },
     /// A state the code holds impossible was reached (a bug).
     #[error("internal error: {0}")]
     Internal(String),
@@ -83,6 +91,10 @@ pub type BrokerResult<T> = Result<T, BrokerError>;
 /// Requests that met a corrupt stored object in this process (`/metrics`:
 /// `narad_corrupt_objects_total`), counted where errors become responses.
 pub static CORRUPT_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Requests that met an object written by a newer version of Narad in this process
+/// (`/metrics`: `narad_upgrade_required_total`), counted where errors become responses.
+pub static NEWER_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl From<Refused> for BrokerError {
     fn from(r: Refused) -> Self {
@@ -122,6 +134,7 @@ impl<E: Into<BrokerError>> From<CasError<E>> for BrokerError {
             CasError::Superseded => BrokerError::StaleTopic,
             CasError::Store(e) => BrokerError::Store(e),
             CasError::Corrupt { key, detail } => BrokerError::Corrupt(format!("{key}: {detail}")),
+            CasError::Newer { key, newer } => BrokerError::UpgradeRequired { object: key, newer },
             CasError::Encode { key, detail } => {
                 BrokerError::Internal(format!("cannot encode {key}: {detail}"))
             }

@@ -30,7 +30,17 @@ fn layout_1() -> u32 {
     1
 }
 
-impl JsonRecord for TopicRecord {}
+impl JsonRecord for TopicRecord {
+    /// A layout above [`crate::keys::LAYOUT_FLAT`] puts manifests where this build does not
+    /// look.
+    fn newer(&self) -> Option<crate::cas::Newer> {
+        (self.layout > crate::keys::LAYOUT_FLAT).then(|| crate::cas::Newer {
+            what: "topic layout",
+            found: self.layout.into(),
+            known: crate::keys::LAYOUT_FLAT.into(),
+        })
+    }
+}
 
 /// A topic as loaded for one request.
 #[derive(Debug, Clone)]

@@ -92,6 +92,13 @@ impl Broker {
                 "Requests answered partition_corrupt (the log names each object).",
                 crate::error::CORRUPT_SEEN.load(Ordering::Relaxed) as f64,
             ),
+            (
+                "narad_upgrade_required_total",
+                "counter",
+                "Requests answered upgrade_required: they needed an object a newer version \
+                 of Narad wrote (the log names each object once).",
+                crate::error::NEWER_SEEN.load(Ordering::Relaxed) as f64,
+            ),
         ];
         for (name, kind, help, v) in gauges.into_iter().chain(self.combining_counters()) {
             let _ = writeln!(

@@ -246,6 +246,11 @@ impl Broker {
                 Ok(t) => out.push(t),
                 // Leftovers of a topic being deleted.
                 Err(BrokerError::TopicNotFound) => {}
+                // A topic a newer build created: listed by that build, not this one (its
+                // own routes answer upgrade_required).
+                Err(BrokerError::UpgradeRequired { object, newer }) => {
+                    tracing::warn!(%object, %newer, "topic left out of the listing");
+                }
                 Err(e) => return Err(e),
             }
         }

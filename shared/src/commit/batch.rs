@@ -579,6 +579,12 @@ impl Committer {
                 // Settings may have changed (PATCH); only a new incarnation is stale.
                 let same = match Option::<TopicRecord>::decode(&o.data, &()) {
                     Ok(Some(rec)) => rec.incarnation == q.incarnation,
+                    Err(Invalid::Newer(newer)) => {
+                        return Err(BrokerError::UpgradeRequired {
+                            object: settings_key,
+                            newer,
+                        })
+                    }
                     Ok(None) | Err(Invalid::Corrupt(_)) | Err(Invalid::Superseded) => false,
                 };
                 if !same {

@@ -200,6 +200,11 @@ impl Committer {
                 Ok(_) => Ok(Found::Healthy),
                 Err(Invalid::Corrupt(why)) => Ok(Found::Damaged(Some(o.etag), why)),
                 Err(Invalid::Superseded) => Err(BrokerError::StaleTopic),
+                // Not damage: a newer build wrote it, and only a newer build may touch it.
+                Err(Invalid::Newer(newer)) => Err(BrokerError::UpgradeRequired {
+                    object: t.key.to_owned(),
+                    newer,
+                }),
             },
             Ok(None) => {
                 let ckpts = self
@@ -234,9 +239,13 @@ impl Committer {
         for k in keys {
             match self.store.get(&k).await {
                 Ok(Some(o)) => match Manifest::decode_exact(&o.data, t.incarnation) {
-                    Some(m) => return Ok(Some(m)),
-                    None => {
+                    Ok(Some(m)) => return Ok(Some(m)),
+                    Ok(None) => {
                         tracing::warn!(key = %k, "checkpoint unreadable or of another incarnation; skipped")
+                    }
+                    // A newer build checkpointed this partition: only a newer build repairs it.
+                    Err(newer) => {
+                        return Err(BrokerError::UpgradeRequired { object: k, newer });
                     }
                 },
                 Ok(None) => {}

@@ -10,9 +10,27 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::error::{BrokerError, CORRUPT_SEEN};
+use crate::error::{BrokerError, CORRUPT_SEEN, NEWER_SEEN};
 use crate::receipt::ReceiptError;
 use crate::store::StoreError;
+
+/// Objects (and versions) already logged as newer, at most [`MAX_LOGGED_NEWER`].
+static LOGGED_NEWER: std::sync::Mutex<std::collections::BTreeSet<(String, u64)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// Objects remembered as logged; beyond this many, each sighting is logged again.
+const MAX_LOGGED_NEWER: usize = 1024;
+
+/// True the first time this process meets `object` at version `found` (and always once
+/// [`MAX_LOGGED_NEWER`] objects are remembered).
+fn first_sighting(object: &str, found: u64) -> bool {
+    let Ok(mut seen) = LOGGED_NEWER.lock() else {
+        return true;
+    };
+    if seen.len() >= MAX_LOGGED_NEWER {
+        return true;
+    }
+    seen.insert((object.to_owned(), found))
+}
 
 /// An error response.
 #[derive(Debug)]
@@ -70,6 +88,32 @@ impl ApiError {
         }
     }
 
+    /// 503 `upgrade_required`: a newer version of Narad wrote an object this request needs.
+    /// Logged once per object (and version) in this process, counted every time in
+    /// `narad_upgrade_required_total`.
+    fn upgrade_required(object: &str, newer: &crate::cas::Newer) -> Self {
+        NEWER_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if first_sighting(object, newer.found) {
+            tracing::error!(
+                %object,
+                what = newer.what,
+                found = newer.found,
+                known = newer.known,
+                "a newer version of Narad wrote this object; this process leaves it alone and \
+                 answers upgrade_required until it is upgraded (docs/upgrades.md)"
+            );
+        }
+        Self {
+            retry_after: Some(30),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upgrade_required",
+                "a newer version of Narad wrote data this request needs; this server must be \
+                 upgraded",
+            )
+        }
+    }
+
     fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -121,6 +165,9 @@ impl From<BrokerError> for ApiError {
                 Self::internal()
             }
             BrokerError::Corrupt(detail) => Self::corrupt(&detail),
+            BrokerError::UpgradeRequired { object, newer } => {
+                Self::upgrade_required(&object, &newer)
+            }
             BrokerError::Internal(detail) => {
                 tracing::error!(%detail, "internal error (a bug)");
                 Self::internal()

@@ -70,6 +70,9 @@ pub struct GcReport {
     pub checkpoints_deleted: u64,
     /// Segments replaced by merged ones (deleted by a later pass).
     pub segments_compacted: u64,
+    /// Topics and partitions left alone because a newer version of Narad wrote their
+    /// topic record or manifest (logged; a newer build's gc takes care of them).
+    pub skipped_newer: u64,
 }
 
 /// One pass's settings.
@@ -99,6 +102,10 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
     for (name, objects) in by_topic {
         let topic = match broker.load_topic(name).await {
             Ok(t) => t,
+            Err(BrokerError::UpgradeRequired { object, newer }) => {
+                skip_newer(&object, &newer, &mut report);
+                continue;
+            }
             Err(BrokerError::TopicNotFound) | Err(BrokerError::InvalidTopic(_)) => {
                 for k in objects {
                     if !dry_run {
@@ -113,14 +120,26 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
         report.topics += 1;
         for p in 0..topic.settings.partitions {
             report.partitions += 1;
-            partition(broker, pass, &topic, p, &objects, &mut report).await?;
+            match partition(broker, pass, &topic, p, &objects, &mut report).await {
+                // Met before anything was written: the manifest is read first.
+                Err(BrokerError::UpgradeRequired { object, newer }) => {
+                    skip_newer(&object, &newer, &mut report)
+                }
+                other => other?,
+            }
         }
     }
     Ok(report)
 }
 
+/// Logs and counts a topic or partition this pass leaves alone.
+fn skip_newer(object: &str, newer: &crate::cas::Newer, report: &mut GcReport) {
+    tracing::warn!(%object, %newer, "gc leaves alone what a newer version of Narad wrote");
+    report.skipped_newer += 1;
+}
+
 /// Retention, orphans, old checkpoints and compaction of one partition; `objects` are the
-/// topic's keys.
+/// topic's keys. The manifest is read before anything is written.
 async fn partition(
     broker: &Broker,
     pass: Pass,

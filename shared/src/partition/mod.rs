@@ -252,11 +252,23 @@ impl Manifest {
 
     /// A stored manifest (a checkpoint) if it reads and belongs to `incarnation` exactly
     /// ([`Stored::decode`] takes an older incarnation's manifest for an empty one).
-    pub fn decode_exact(data: &[u8], incarnation: &str) -> Option<Manifest> {
-        let m = Manifest::decode(data, &incarnation.to_owned()).ok()?;
-        let json = crate::cas::open_json(data).ok()?;
-        let raw: serde_json::Value = serde_json::from_slice(json).ok()?;
-        (raw.get("incarnation")?.as_str()? == incarnation).then_some(m)
+    ///
+    /// Errors: [`crate::cas::Newer`] when a newer build wrote it.
+    pub fn decode_exact(
+        data: &[u8],
+        incarnation: &str,
+    ) -> Result<Option<Manifest>, crate::cas::Newer> {
+        let m = match Manifest::decode(data, &incarnation.to_owned()) {
+            Ok(m) => m,
+            Err(Invalid::Newer(newer)) => return Err(newer),
+            Err(Invalid::Corrupt(_) | Invalid::Superseded) => return Ok(None),
+        };
+        let exact = || -> Option<bool> {
+            let raw: serde_json::Value =
+                serde_json::from_slice(crate::cas::open_json(data).ok()?).ok()?;
+            Some(raw.get("incarnation")?.as_str()? == incarnation)
+        };
+        Ok(exact().unwrap_or(false).then_some(m))
     }
 
     /// Leases still live at `now_ms`.
@@ -481,10 +493,11 @@ impl Stored for Manifest {
         let mut stored: Manifest = serde_json::from_slice(crate::cas::open_json(data)?)
             .map_err(|e| Invalid::Corrupt(e.to_string()))?;
         if stored.format > MANIFEST_FORMAT {
-            return Err(Invalid::Corrupt(format!(
-                "manifest format {} is newer than this version of Narad reads ({MANIFEST_FORMAT})",
-                stored.format
-            )));
+            return Err(Invalid::Newer(crate::cas::Newer {
+                what: "manifest format",
+                found: stored.format.into(),
+                known: MANIFEST_FORMAT.into(),
+            }));
         }
         if stored.format == 1 {
             // Format 1 kept idempotency keys as they were sent, and had no indexes.
