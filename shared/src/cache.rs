@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::formats::{Newer, Unreadable};
 use crate::store::{Store, StoreError};
 
 /// Why [`Cache::read_through`] found no value.
@@ -20,6 +21,14 @@ pub enum ReadError {
         key: String,
         /// What is wrong.
         detail: String,
+    },
+    /// A newer version of Narad wrote the stored object.
+    #[error("{key} was written by a newer version of Narad: {newer}")]
+    Newer {
+        /// Its key.
+        key: String,
+        /// Which version, and the newest this build knows.
+        newer: Newer,
     },
 }
 
@@ -94,7 +103,7 @@ impl<V: Weigh> Cache<V> {
         &self,
         store: &dyn Store,
         key: &str,
-        decode: impl FnOnce(&[u8]) -> Result<V, String>,
+        decode: impl FnOnce(&[u8]) -> Result<V, Unreadable>,
     ) -> Result<Option<Arc<V>>, ReadError> {
         if let Some(v) = self.get(key) {
             return Ok(Some(v));
@@ -102,12 +111,19 @@ impl<V: Weigh> Cache<V> {
         let Some(obj) = store.get(key).await? else {
             return Ok(None);
         };
-        let v = decode(&obj.data).map_err(|detail| ReadError::Corrupt {
-            key: key.to_owned(),
-            detail,
+        let key = key.to_owned();
+        let v = decode(&obj.data).map_err(|e| match e {
+            Unreadable::Corrupt(detail) => ReadError::Corrupt {
+                key: key.clone(),
+                detail,
+            },
+            Unreadable::Newer(newer) => ReadError::Newer {
+                key: key.clone(),
+                newer,
+            },
         })?;
         let v = Arc::new(v);
-        self.put(key.to_owned(), v.clone());
+        self.put(key, v.clone());
         Ok(Some(v))
     }
 

@@ -55,26 +55,14 @@ pub enum Invalid {
     Superseded,
 }
 
-/// An object in a format newer than this build knows: which version field says so, the
-/// version found and the newest this build reads. Such an object is answered 503
-/// `upgrade_required` and never rewritten, repaired, compacted or deleted by this build.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Newer {
-    /// The version field, e.g. `manifest format`.
-    pub what: &'static str,
-    /// The version the object has.
-    pub found: u64,
-    /// The newest version this build reads.
-    pub known: u64,
-}
+pub use crate::formats::Newer;
 
-impl std::fmt::Display for Newer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} is newer than this build of Narad reads ({})",
-            self.what, self.found, self.known
-        )
+impl From<crate::formats::Unreadable> for Invalid {
+    fn from(e: crate::formats::Unreadable) -> Self {
+        match e {
+            crate::formats::Unreadable::Corrupt(why) => Invalid::Corrupt(why),
+            crate::formats::Unreadable::Newer(newer) => Invalid::Newer(newer),
+        }
     }
 }
 

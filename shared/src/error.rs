@@ -13,7 +13,7 @@ use crate::cas::CasError;
 use crate::keys::InvalidTopic;
 use crate::partition::Refused;
 use crate::receipt::ReceiptError;
-use crate::segment::CorruptSegment;
+use crate::segment::UnencodableSegment;
 use crate::settings::InvalidSetting;
 use crate::store::StoreError;
 
@@ -110,13 +110,14 @@ impl From<ReadError> for BrokerError {
         match e {
             ReadError::Store(e) => BrokerError::Store(e),
             e @ ReadError::Corrupt { .. } => BrokerError::Corrupt(e.to_string()),
+            ReadError::Newer { key, newer } => BrokerError::UpgradeRequired { object: key, newer },
         }
     }
 }
 
-impl From<CorruptSegment> for BrokerError {
-    fn from(e: CorruptSegment) -> Self {
-        BrokerError::Corrupt(e.to_string())
+impl From<UnencodableSegment> for BrokerError {
+    fn from(e: UnencodableSegment) -> Self {
+        BrokerError::Internal(e.to_string())
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! Segments and index objects are immutable, so a cached copy never goes stale; one that
 //! is gone was removed by retention (the caller decides what that means). A stored object
-//! that does not decode is [`BrokerError::Corrupt`].
+//! that does not decode is [`BrokerError::Corrupt`]; one a newer build wrote is
+//! [`BrokerError::UpgradeRequired`].
 
 use std::sync::Arc;
 
@@ -24,8 +25,7 @@ pub async fn fetch_segment(
     cache: &SegmentCache,
     key: String,
 ) -> BrokerResult<Option<Arc<Segment>>> {
-    let decode = |d: &[u8]| Segment::decode(d).map_err(|e| e.to_string());
-    Ok(cache.read_through(&**store, &key, decode).await?)
+    Ok(cache.read_through(&**store, &key, Segment::decode).await?)
 }
 
 /// A store and the caches to read its immutable objects through.

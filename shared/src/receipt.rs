@@ -69,6 +69,10 @@ pub enum ReceiptError {
     /// Well formed, but not signed by a current key or not for this topic.
     #[error("receipt handle is not valid for this topic")]
     Invalid,
+    /// A handle of a newer version than this build reads (`v2.` and up), signed by a
+    /// newer build: for a newer build to check.
+    #[error("receipt handle version {0} is newer than this build of Narad reads (1)")]
+    Newer(u32),
 }
 
 /// The signing keys. The first signs; every one verifies.
@@ -144,11 +148,16 @@ impl Receipts {
             return Err(ReceiptError::Malformed);
         }
         let mut parts = handle.split('.');
-        let (Some("v1"), Some(body), Some(tag), None) =
+        let (Some(version), Some(body), Some(tag), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(ReceiptError::Malformed);
         };
+        match handle_version(version) {
+            Some(1) => {}
+            Some(v) if v > 1 => return Err(ReceiptError::Newer(v)),
+            _ => return Err(ReceiptError::Malformed),
+        }
         let json = B64.decode(body).map_err(|_| ReceiptError::Malformed)?;
         let tag = B64.decode(tag).map_err(|_| ReceiptError::Malformed)?;
         let signed: Signed = serde_json::from_slice(&json).map_err(|_| ReceiptError::Malformed)?;
@@ -167,13 +176,41 @@ impl Receipts {
     }
 }
 
+/// The version of a handle's first part: `v1` → 1; `None` unless `v` and 1 to 4 digits
+/// without a leading zero.
+fn handle_version(part: &str) -> Option<u32> {
+    let digits = part.strip_prefix('v')?;
+    let plain = (1..=4).contains(&digits.len())
+        && !digits.starts_with('0')
+        && digits.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| digits.parse().ok()).flatten()
+}
+
+/// The version of the stored key record this build reads and writes.
+const KEY_FORMAT: u32 = 1;
+
 /// The stored form of the generated key, `system/receipt-key.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct StoredKey {
     key_b64: String,
+    /// [`KEY_FORMAT`]; records without it (every one this build writes) are format 1.
+    #[serde(default = "key_format_1", skip_serializing_if = "is_key_format_1")]
+    format: u32,
 }
 
-impl JsonRecord for StoredKey {}
+fn key_format_1() -> u32 {
+    KEY_FORMAT
+}
+
+fn is_key_format_1(f: &u32) -> bool {
+    *f == KEY_FORMAT
+}
+
+impl JsonRecord for StoredKey {
+    fn newer(&self) -> Option<crate::formats::Newer> {
+        crate::formats::Newer::check("receipt key format", self.format.into(), KEY_FORMAT.into())
+    }
+}
 
 /// The receipt key shared by every process on `store` when none is configured: read it,
 /// or create it (put-if-absent) if no process has yet. Every process then accepts the
@@ -196,6 +233,7 @@ pub async fn shared_key(
                     let key_b64 = b64.encode(&fresh);
                     *cur = Some(StoredKey {
                         key_b64: key_b64.clone(),
+                        format: KEY_FORMAT,
                     });
                     Decision::Commit(key_b64)
                 }
@@ -256,7 +294,11 @@ mod tests {
             "",
             "v1",
             "v1.a.b.c",
-            "v2.x.y",
+            "v0.x.y",
+            "v01.x.y",
+            "v.x.y",
+            "vx.x.y",
+            "v2.x",
             "v1.!!!.abc",
             &"a".repeat(5000),
         ] {
@@ -266,5 +308,21 @@ mod tests {
                 "{bad}"
             );
         }
+        // A newer build's handle is for a newer build to check, not malformed.
+        assert_eq!(r.verify("v2.x.y", "orders"), Err(ReceiptError::Newer(2)));
+        assert_eq!(r.verify("v17.x.y", "orders"), Err(ReceiptError::Newer(17)));
+    }
+
+    #[test]
+    fn the_key_record_is_written_as_every_build_reads_it_and_a_newer_one_is_newer() {
+        let k = StoredKey {
+            key_b64: "a2V5".into(),
+            format: KEY_FORMAT,
+        };
+        assert_eq!(serde_json::to_string(&k).unwrap(), r#"{"key_b64":"a2V5"}"#);
+        let old: StoredKey = serde_json::from_str(r#"{"key_b64":"a2V5"}"#).unwrap();
+        assert!(old.newer().is_none());
+        let newer: StoredKey = serde_json::from_str(r#"{"key_b64":"a2V5","format":2}"#).unwrap();
+        assert_eq!(newer.newer().map(|n| n.found), Some(2));
     }
 }

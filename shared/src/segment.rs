@@ -16,9 +16,16 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{Cache, Weigh};
+use crate::formats::{Magic, Unreadable};
 
-const MAGIC_V1: &[u8; 4] = b"NSG1";
-const MAGIC_V2: &[u8; 4] = b"NSG2";
+/// Segment magics: `NSG` and the version.
+const MAGIC: Magic = Magic {
+    kind: b"NSG",
+    what: "segment format",
+    known: 2,
+};
+const MAGIC_V1: [u8; 4] = *b"NSG1";
+const MAGIC_V2: [u8; 4] = *b"NSG2";
 
 /// A message's headers: lowercase name → value (docs/design.md §1).
 pub type Headers = BTreeMap<String, String>;
@@ -133,15 +140,15 @@ impl Weigh for Segment {
 /// bounded in bytes (`NARAD_SEGMENT_CACHE_BYTES`).
 pub type SegmentCache = Cache<Segment>;
 
-/// A segment that does not decode or whose checksum fails.
+/// A segment that cannot be encoded (a bug).
 #[derive(Debug, thiserror::Error)]
-#[error("corrupt segment: {0}")]
-pub struct CorruptSegment(pub String);
+#[error("cannot encode a segment: {0}")]
+pub struct UnencodableSegment(pub String);
 
 impl Segment {
     /// The bytes to store: `NSG1` unless a message has headers.
-    pub fn encode(&self) -> Result<Bytes, CorruptSegment> {
-        let err = |e: postcard::Error| CorruptSegment(e.to_string());
+    pub fn encode(&self) -> Result<Bytes, UnencodableSegment> {
+        let err = |e: postcard::Error| UnencodableSegment(e.to_string());
         let with_headers = self.messages.iter().any(|m| !m.headers.is_empty());
         let (magic, body) = if with_headers {
             (MAGIC_V2, postcard::to_allocvec(self).map_err(err)?)
@@ -159,36 +166,40 @@ impl Segment {
             (MAGIC_V1, postcard::to_allocvec(&(v1,)).map_err(err)?)
         };
         let mut out = Vec::with_capacity(4 + body.len());
-        out.extend_from_slice(magic);
+        out.extend_from_slice(&magic);
         out.extend_from_slice(&body);
         Ok(Bytes::from(out))
     }
 
     /// Decodes stored bytes (`NSG1` or `NSG2`) and verifies every checksum.
-    pub fn decode(data: &[u8]) -> Result<Self, CorruptSegment> {
-        let err = |e: postcard::Error| CorruptSegment(e.to_string());
-        let seg = if let Some(body) = data.strip_prefix(MAGIC_V1.as_slice()) {
-            let (v1,): (Vec<V1Message>,) = postcard::from_bytes(body).map_err(err)?;
-            Segment {
-                messages: v1
-                    .into_iter()
-                    .map(|m| StoredMessage {
-                        produced_at_ms: m.produced_at_ms,
-                        key: m.key,
-                        payload: m.payload,
-                        crc32: m.crc32,
-                        headers: Headers::new(),
-                    })
-                    .collect(),
+    ///
+    /// Errors: [`Unreadable::Newer`] for a segment format above `NSG2`,
+    /// [`Unreadable::Corrupt`] for anything that does not decode or check.
+    pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
+        let err = |e: postcard::Error| Unreadable::Corrupt(e.to_string());
+        let seg = match MAGIC.open(data)? {
+            (1, body) => {
+                let (v1,): (Vec<V1Message>,) = postcard::from_bytes(body).map_err(err)?;
+                Segment {
+                    messages: v1
+                        .into_iter()
+                        .map(|m| StoredMessage {
+                            produced_at_ms: m.produced_at_ms,
+                            key: m.key,
+                            payload: m.payload,
+                            crc32: m.crc32,
+                            headers: Headers::new(),
+                        })
+                        .collect(),
+                }
             }
-        } else if let Some(body) = data.strip_prefix(MAGIC_V2.as_slice()) {
-            postcard::from_bytes(body).map_err(err)?
-        } else {
-            return Err(CorruptSegment("bad magic".into()));
+            (_, body) => postcard::from_bytes(body).map_err(err)?,
         };
         for (i, m) in seg.messages.iter().enumerate() {
             if checksum(&m.payload, &m.headers) != m.crc32 {
-                return Err(CorruptSegment(format!("checksum mismatch in message {i}")));
+                return Err(Unreadable::Corrupt(format!(
+                    "checksum mismatch in message {i}"
+                )));
             }
         }
         Ok(seg)

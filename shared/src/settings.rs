@@ -52,6 +52,11 @@ pub struct TopicSettings {
     /// with the same key is unsettled (docs/design.md §5).
     #[serde(default)]
     pub ordering: Ordering,
+    /// Settings a newer build stored that this one does not know: kept as they are, so a
+    /// change made through this build does not drop them (docs/upgrades.md), and not
+    /// obeyed.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Delivery order within a partition.
@@ -82,6 +87,7 @@ impl Default for TopicSettings {
             dead_letter_topic: None,
             paused: false,
             ordering: Ordering::None,
+            unknown: serde_json::Map::new(),
         }
     }
 }

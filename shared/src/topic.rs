@@ -24,6 +24,9 @@ pub struct TopicRecord {
     /// without the field) or [`crate::keys::LAYOUT_FLAT`], which new topics get.
     #[serde(default = "layout_1")]
     pub layout: u32,
+    /// Fields a newer build stored that this one does not know, kept as they are.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
 }
 
 fn layout_1() -> u32 {
@@ -79,5 +82,29 @@ impl Topic {
             etag,
             from_cache: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_a_newer_build_added_survive_a_change_made_here() {
+        let stored = r#"{"settings":{"partitions":2,"visibility_timeout_ms":30000,
+            "max_in_flight_per_partition":10,"max_acked_ahead_per_partition":10,
+            "retention_ms":60000,"max_message_bytes":512,"routing":{"kind":"hash"}},
+            "incarnation":"i1","created_at_ms":5,"layout":2,"owner":"team-a"}"#;
+        let mut rec: TopicRecord = serde_json::from_str(stored).unwrap();
+        assert!(
+            rec.newer().is_none(),
+            "an unknown field alone is not a newer layout"
+        );
+        rec.settings.visibility_timeout_ms = 1000;
+        let back: serde_json::Value = serde_json::to_value(&rec).unwrap();
+        assert_eq!(back["settings"]["max_message_bytes"], 512);
+        assert_eq!(back["settings"]["routing"]["kind"], "hash");
+        assert_eq!(back["settings"]["visibility_timeout_ms"], 1000);
+        assert_eq!(back["owner"], "team-a");
     }
 }

@@ -172,3 +172,207 @@ async fn a_newer_topic_layout_is_answered_upgrade_required_and_never_rewritten()
         .unwrap()
         .is_some());
 }
+
+/// Sets the version digit (the fourth magic byte) of the binary object at `key` to
+/// `digit`, as a newer build's format would read; its checksums cover only the body, so
+/// nothing else changes. Answers the bytes now stored.
+async fn bump_magic(store: &DynStore, key: &str, digit: u8) -> bytes::Bytes {
+    let o = store.get(key).await.unwrap().unwrap();
+    let mut data = o.data.to_vec();
+    data[3] = digit;
+    let data = bytes::Bytes::from(data);
+    store
+        .put_if_match(key, data.clone(), &o.etag)
+        .await
+        .unwrap();
+    data
+}
+
+/// Every object under `prefix` with its bytes.
+async fn snapshot(store: &DynStore, prefix: &str) -> Vec<(String, bytes::Bytes)> {
+    let mut out = Vec::new();
+    for k in store.list(prefix).await.unwrap() {
+        let data = store.get(&k).await.unwrap().unwrap().data;
+        out.push((k, data));
+    }
+    out
+}
+
+/// A second process on `s`'s store, with nothing cached.
+async fn fresh(s: &Server, clock: TestClock) -> Server {
+    Server::start_on(s.store.clone(), None, Options::default(), clock).await
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_segments_are_answered_upgrade_required_and_never_rewritten() {
+    let Some((s, url)) = server().await else {
+        return;
+    };
+    s.create_topic("seg", json!({})).await;
+    for i in 0..3 {
+        s.produce("seg", format!("m{i}")).await;
+    }
+    let held = s.consume("seg", "").await.unwrap();
+    let handle = held["receipt_handle"].as_str().unwrap().to_owned();
+    let prefix = "topics/seg/0/segments/";
+    for k in s.store.list(prefix).await.unwrap() {
+        bump_magic(&s.store, &k, b'3').await;
+    }
+    let newer = snapshot(&s.store, prefix).await;
+    assert_eq!(newer.len(), 3);
+
+    let other = fresh(&s, TestClock::manual(T0)).await;
+    assert_upgrade_required(other.consume_raw("seg", "").await, "consume").await;
+    // Produce and ack need no segment: they work, and write none of the newer ones.
+    other.produce("seg", "after").await;
+    assert_eq!(other.ack("seg", &handle, "").await, StatusCode::NO_CONTENT);
+    let (ok, out, err) = narad(&url, &["gc", "--grace", "0s"]).await;
+    assert!(ok, "{err}");
+    let (ok, out2, err) = narad(&url, &["repair", "seg"]).await;
+    assert!(
+        ok,
+        "a healthy manifest naming newer segments is healthy: {out2} {err}"
+    );
+    for (k, data) in &newer {
+        assert_eq!(
+            s.store.get(k).await.unwrap().map(|o| o.data).as_ref(),
+            Some(data),
+            "{k} changed or went ({out})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_index_objects_and_key_chunks_are_answered_upgrade_required_and_never_rewritten() {
+    let Some((s, url)) = server().await else {
+        return;
+    };
+    // The gc command runs on the real clock: so does this partition, or retention would
+    // expire what it holds.
+    let clock = TestClock::manual(now_ms());
+    let s = fresh(&s, clock.clone()).await;
+    s.create_topic("deep", json!({"dedup_window_ms": 86_400_000}))
+        .await;
+    // More segments than a manifest keeps (some fold into index objects) and more keys
+    // than it keeps (some spill into a key chunk).
+    for i in 0..140 {
+        s.produce_idem("deep", &format!("key-{i}"), &format!("m{i}"))
+            .await;
+    }
+    let indexes = s.store.list("topics/deep/0/indexes/").await.unwrap();
+    let chunks = s.store.list("topics/deep/0/dedup/").await.unwrap();
+    assert!(
+        !indexes.is_empty() && !chunks.is_empty(),
+        "{indexes:?} {chunks:?}"
+    );
+    for k in indexes.iter().chain(&chunks) {
+        bump_magic(&s.store, k, b'2').await;
+    }
+    let newer = snapshot(&s.store, "topics/deep/0/indexes/").await;
+    let newer_chunks = snapshot(&s.store, "topics/deep/0/dedup/").await;
+
+    let other = fresh(&s, clock.clone()).await;
+    // Offset 0 sits in a segment only an index object names.
+    assert_upgrade_required(other.consume_raw("deep", "").await, "consume").await;
+    // A produce with a key must look in the chunks: a newer one cannot be looked in.
+    let r = other
+        .req(Method::POST, "/v1/topics/deep/produce")
+        .header("Idempotency-Key", "key-0")
+        .body("again")
+        .send()
+        .await
+        .unwrap();
+    assert_upgrade_required(r, "produce with a spilled key").await;
+    let (ok, out, err) = narad(&url, &["gc", "--grace", "0s"]).await;
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["skipped_newer"], 1, "{report}");
+    let (ok, out, err) = narad(&url, &["repair", "deep"]).await;
+    assert!(ok, "{out} {err}");
+    assert_eq!(snapshot(&s.store, "topics/deep/0/indexes/").await, newer);
+    assert_eq!(
+        snapshot(&s.store, "topics/deep/0/dedup/").await,
+        newer_chunks
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_receipt_key_or_handle_is_upgrade_required() {
+    let Some((s, _)) = server().await else {
+        return;
+    };
+    s.create_topic("h", json!({})).await;
+    s.produce("h", "m").await;
+    // A handle a newer build signed, in a newer handle version.
+    assert_upgrade_required(s.ack_raw("h", "v2.e30.AAAA", "").await, "ack").await;
+    // The generated receipt key in a newer format: a process does not start on it.
+    let key = narad_shared::keys::RECEIPT_KEY;
+    // Test servers are configured with keys: generate the shared one as a process without.
+    narad_shared::receipt::shared_key(&*s.store, &narad_shared::clock::RandomIds)
+        .await
+        .unwrap();
+    let newer = rewrite_as_newer(&s.store, key, "format", json!(2)).await;
+    let started = narad_shared::broker::Broker::new(
+        s.store.clone(),
+        std::sync::Arc::new(TestClock::manual(T0)),
+        std::sync::Arc::new(narad_shared::clock::RandomIds),
+        Vec::new(),
+        Default::default(),
+    )
+    .await;
+    match started {
+        Err(e @ narad_shared::error::BrokerError::UpgradeRequired { .. }) => {
+            assert!(e.to_string().contains("receipt key format 2"), "{e}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("started on a newer receipt key"),
+    }
+    assert_eq!(s.store.get(key).await.unwrap().unwrap().data, newer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_a_newer_build_added_survive_a_patch_made_here() {
+    let Some((s, _)) = server().await else {
+        return;
+    };
+    s.create_topic("set", json!({})).await;
+    let key = "topics/set/topic.json";
+    let o = s.store.get(key).await.unwrap().unwrap();
+    let mut v: Value =
+        serde_json::from_slice(narad_shared::cas::open_json(&o.data).unwrap()).unwrap();
+    v["settings"]["max_message_bytes"] = json!(512);
+    v["owner"] = json!({"team": "payments"});
+    let sealed = narad_shared::cas::seal_json(serde_json::to_vec(&v).unwrap());
+    s.store.put_if_match(key, sealed, &o.etag).await.unwrap();
+
+    let other = fresh(&s, TestClock::manual(T0)).await;
+    let r = other
+        .req(Method::PATCH, "/v1/topics/set")
+        .body(r#"{"visibility_timeout_ms":60000}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let after: Value = serde_json::from_slice(
+        narad_shared::cas::open_json(&s.store.get(key).await.unwrap().unwrap().data).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(after["settings"]["visibility_timeout_ms"], 60000);
+    assert_eq!(after["settings"]["max_message_bytes"], 512, "{after}");
+    assert_eq!(after["owner"]["team"], "payments", "{after}");
+    // A create asking for what it has is still the same topic.
+    let r = other
+        .req(Method::PUT, "/v1/topics/set")
+        .body(r#"{"visibility_timeout_ms":60000}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}

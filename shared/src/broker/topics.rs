@@ -168,6 +168,7 @@ impl Broker {
             incarnation: self.ids.new_id(),
             created_at_ms: self.clock.now_ms(),
             layout: keys::LAYOUT_FLAT,
+            unknown: serde_json::Map::new(),
         };
         let key = keys::topic_settings(name);
         let cell = self.record_cell(&key);
@@ -440,6 +441,7 @@ impl Broker {
 fn same_configuration(old: &TopicSettings, new: &TopicSettings) -> bool {
     TopicSettings {
         paused: old.paused,
+        unknown: old.unknown.clone(),
         ..new.clone()
     } == *old
 }

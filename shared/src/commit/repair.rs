@@ -280,6 +280,8 @@ impl Committer {
                     },
                     // Its segments then count as unnamed: delivered, not lost.
                     Ok(None) => tracing::warn!(index = %r.id, "a checkpoint's index is gone"),
+                    // Only a newer build may repair what a newer build wrote.
+                    Err(e @ BrokerError::UpgradeRequired { .. }) => return Err(e),
                     Err(e) => {
                         tracing::warn!(index = %r.id, error = %e, "a checkpoint's index is unreadable")
                     }
@@ -296,7 +298,11 @@ impl Committer {
             let prefix = keys::index(t.topic, t.partition, "");
             for k in self.store.list(&prefix).await? {
                 let id = k.rsplit('/').next().unwrap_or_default();
-                if let Ok(Some(i)) = reader.index(t.topic, t.partition, id).await {
+                let read = match reader.index(t.topic, t.partition, id).await {
+                    Err(e @ BrokerError::UpgradeRequired { .. }) => return Err(e),
+                    other => other,
+                };
+                if let Ok(Some(i)) = read {
                     let end = match &i.entries {
                         Entries::Segments(l) => {
                             l.iter().map(|s| s.base_offset + u64::from(s.count)).max()
@@ -320,6 +326,7 @@ impl Committer {
             match reader.segment(t.topic, t.partition, &id).await {
                 Ok(Some(seg)) => ev.add_unnamed(id, &seg),
                 Ok(None) => {}
+                Err(e @ BrokerError::UpgradeRequired { .. }) => return Err(e),
                 Err(e) => {
                     tracing::error!(segment = %k, error = %e, "unreadable segment left out of the repair: its messages are lost");
                     ev.unreadable.push(id);

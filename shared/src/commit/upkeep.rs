@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::error::{BrokerError, BrokerResult};
+use crate::formats::Unreadable;
 use crate::keys;
 use crate::partition::batch::Upkeep;
 use crate::partition::dedup::{self, Chunk, Spill, CHUNK_FORMAT};
@@ -265,6 +266,11 @@ impl Committer {
                         Entries::Indexes(children) => stack.extend(children),
                     },
                     Ok(None) => {}
+                    // Its segments are unknown: a newer build's gc takes them and it.
+                    Ok(Some(Err(Unreadable::Newer(newer)))) => {
+                        tracing::warn!(%key, %newer, "an expired index object a newer version of Narad wrote is left alone");
+                        continue;
+                    }
                     Ok(Some(Err(e))) => tracing::warn!(%key, error = %e, "corrupt index object"),
                     Err(e) => {
                         tracing::warn!(%key, error = %e, "could not read an expired index");

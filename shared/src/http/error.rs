@@ -143,6 +143,14 @@ impl From<BrokerError> for ApiError {
             BrokerError::Receipt(ReceiptError::Invalid) => {
                 Self::new(S::GONE, "receipt_handle_invalid", msg)
             }
+            BrokerError::Receipt(ReceiptError::Newer(version)) => Self::upgrade_required(
+                "a receipt handle",
+                &crate::formats::Newer {
+                    what: "receipt handle version",
+                    found: version.into(),
+                    known: 1,
+                },
+            ),
             BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),
             BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
             BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),

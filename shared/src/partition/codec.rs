@@ -1,33 +1,52 @@
 //! The encoding of Narad's immutable binary objects other than segments (index objects,
-//! idempotency-key chunks): four magic bytes, a postcard body, and a big-endian CRC-32 of
-//! the body, checked on every read.
+//! idempotency-key chunks): four magic bytes (the kind and its version,
+//! [`crate::formats::Magic`]), a postcard body, and a big-endian CRC-32 of the body,
+//! checked on every read.
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Encodes `value` under `magic`.
+use crate::formats::{Magic, Newer, Unreadable};
+
+/// Encodes `value` under `magic`'s newest version.
 ///
 /// Errors: a description of why it cannot be encoded (a bug).
-pub fn seal<T: Serialize>(magic: &[u8; 4], value: &T) -> Result<Bytes, String> {
+pub fn seal<T: Serialize>(magic: &Magic, value: &T) -> Result<Bytes, String> {
     let body = postcard::to_allocvec(value).map_err(|e| e.to_string())?;
-    let mut out = magic.to_vec();
+    let mut out = magic.bytes(magic.known).to_vec();
     out.extend_from_slice(&body);
     out.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
     Ok(Bytes::from(out))
 }
 
-/// Decodes bytes written by [`seal`] with the same `magic`.
+/// Decodes bytes written by [`seal`] with the same kind of `magic`, of a type whose first
+/// field is a `u32` format: `format` names it and the newest this build reads. The format
+/// is checked before the rest is decoded, so a newer body is told apart from a damaged one.
 ///
-/// Errors: a bad magic, a checksum mismatch, or a body that does not decode.
-pub fn open<T: DeserializeOwned>(magic: &[u8; 4], data: &[u8]) -> Result<T, String> {
-    let rest = data.strip_prefix(magic.as_slice()).ok_or("bad magic")?;
-    let split = rest.len().checked_sub(4).ok_or("truncated")?;
+/// Errors: [`Unreadable::Newer`] for a newer version of the kind or a newer format;
+/// [`Unreadable::Corrupt`] for a bad magic, a checksum mismatch, or a body that does not
+/// decode.
+pub fn open<T: DeserializeOwned>(
+    magic: &Magic,
+    format: (&'static str, u32),
+    data: &[u8],
+) -> Result<T, Unreadable> {
+    let (_, rest) = magic.open(data)?;
+    let corrupt = |why: &str| Unreadable::Corrupt(why.to_owned());
+    let split = rest
+        .len()
+        .checked_sub(4)
+        .ok_or_else(|| corrupt("truncated"))?;
     let (body, crc) = rest.split_at(split);
     let mut want = [0u8; 4];
     want.copy_from_slice(crc);
     if crc32fast::hash(body) != u32::from_be_bytes(want) {
-        return Err("checksum mismatch".into());
+        return Err(corrupt("checksum mismatch"));
     }
-    postcard::from_bytes(body).map_err(|e| e.to_string())
+    let (found, _) = postcard::take_from_bytes::<u32>(body).map_err(|e| corrupt(&e.to_string()))?;
+    if let Some(newer) = Newer::check(format.0, found.into(), format.1.into()) {
+        return Err(Unreadable::Newer(newer));
+    }
+    postcard::from_bytes(body).map_err(|e| corrupt(&e.to_string()))
 }

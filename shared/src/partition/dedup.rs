@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use super::{codec, Manifest};
 use crate::cache::Weigh;
+use crate::formats::{Magic, Unreadable};
 
 /// Most idempotency keys a partition remembers.
 pub const MAX_DEDUP_KEYS: usize = 5000;
@@ -25,7 +26,11 @@ pub const MAX_DEDUP_KEYS: usize = 5000;
 pub const HOT_KEYS: usize = 128;
 /// The format of chunk objects this code writes (and the only one it reads).
 pub const CHUNK_FORMAT: u32 = 1;
-const MAGIC: &[u8; 4] = b"NDK1";
+const MAGIC: Magic = Magic {
+    kind: b"NDK",
+    what: "key chunk format",
+    known: 1,
+};
 
 /// A remembered key: the offset its first produce got, until `expires_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,18 +66,14 @@ impl Chunk {
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
     pub fn encode(&self) -> Result<Bytes, String> {
-        codec::seal(MAGIC, self)
+        codec::seal(&MAGIC, self)
     }
 
     /// Decodes stored bytes.
     ///
-    /// Errors: what is wrong with the bytes.
-    pub fn decode(data: &[u8]) -> Result<Self, String> {
-        let chunk: Chunk = codec::open(MAGIC, data)?;
-        if chunk.format != CHUNK_FORMAT {
-            return Err(format!("unknown dedup chunk format {}", chunk.format));
-        }
-        Ok(chunk)
+    /// Errors: [`Unreadable`]: damaged, or written by a newer build.
+    pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
+        codec::open(&MAGIC, ("key chunk format", CHUNK_FORMAT), data)
     }
 
     /// The offset `hash`'s produce got, if still remembered at `now_ms`.

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{codec, Manifest, SegmentRef};
 use crate::cache::Weigh;
+use crate::formats::{Magic, Unreadable};
 
 /// Hot segments above which the oldest are folded into an index.
 pub const FOLD_ABOVE: usize = 64;
@@ -42,7 +43,11 @@ pub const MAX_LEAF_SEGMENTS: u64 = 4096;
 
 /// The format of index objects this code writes (and the only one it reads).
 pub const INDEX_FORMAT: u32 = 1;
-const MAGIC: &[u8; 4] = b"NIX1";
+const MAGIC: Magic = Magic {
+    kind: b"NIX",
+    what: "index object format",
+    known: 1,
+};
 
 /// One index object, as the manifest (or a higher-level index) names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,18 +98,14 @@ impl Index {
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
     pub fn encode(&self) -> Result<Bytes, String> {
-        codec::seal(MAGIC, self)
+        codec::seal(&MAGIC, self)
     }
 
     /// Decodes stored bytes, checking the magic, the checksum and the format.
     ///
-    /// Errors: what is wrong with the bytes.
-    pub fn decode(data: &[u8]) -> Result<Self, String> {
-        let index: Index = codec::open(MAGIC, data)?;
-        if index.format != INDEX_FORMAT {
-            return Err(format!("unknown index format {}", index.format));
-        }
-        Ok(index)
+    /// Errors: [`Unreadable`]: damaged, or written by a newer build.
+    pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
+        codec::open(&MAGIC, ("index format", INDEX_FORMAT), data)
     }
 
     /// The entry holding `offset`: a segment (level 0) or a lower index.

@@ -1,0 +1,118 @@
+//! Versions of stored formats, and what a build does with one newer than it reads
+//! (docs/upgrades.md, docs/formats.md).
+//!
+//! Every stored object says which version of its format it is: a JSON record in a field
+//! (`format`, `layout`), a binary object in the last of its four magic bytes (`NSG2`,
+//! `NIX1`, `NDK1`: three letters for the kind, one digit for the version). An object of a
+//! version above the one this build knows is [`Newer`], not corrupt: a newer build wrote
+//! it, and this build answers 503 `upgrade_required` for it and never rewrites, repairs,
+//! compacts or deletes it.
+
+/// An object in a format newer than this build knows: which version field says so, the
+/// version found and the newest this build reads. Such an object is answered 503
+/// `upgrade_required` and never rewritten, repaired, compacted or deleted by this build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Newer {
+    /// The version field, e.g. `manifest format`.
+    pub what: &'static str,
+    /// The version the object has.
+    pub found: u64,
+    /// The newest version this build reads.
+    pub known: u64,
+}
+
+impl std::fmt::Display for Newer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} is newer than this build of Narad reads ({})",
+            self.what, self.found, self.known
+        )
+    }
+}
+
+impl Newer {
+    /// `Some` when `found` is above `known`.
+    pub fn check(what: &'static str, found: u64, known: u64) -> Option<Newer> {
+        (found > known).then_some(Newer { what, found, known })
+    }
+}
+
+/// Why an immutable binary object (a segment, an index object, a key chunk) cannot be
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    /// The bytes are damaged or are not such an object.
+    #[error("{0}")]
+    Corrupt(String),
+    /// A newer build wrote it.
+    #[error("{0}")]
+    Newer(Newer),
+}
+
+/// The magic of one kind of binary object: three letters, then the version digit.
+#[derive(Debug, Clone, Copy)]
+pub struct Magic {
+    /// The three letters of the kind, e.g. `NSG`.
+    pub kind: &'static [u8; 3],
+    /// The version field's name in messages, e.g. `segment format`.
+    pub what: &'static str,
+    /// The newest version this build reads.
+    pub known: u8,
+}
+
+impl Magic {
+    /// The four magic bytes of `version`.
+    pub fn bytes(&self, version: u8) -> [u8; 4] {
+        let [a, b, c] = *self.kind;
+        [a, b, c, b'0' + version]
+    }
+
+    /// The version `data` says it is (1 to [`Magic::known`]) and the bytes after the magic.
+    ///
+    /// Errors: [`Unreadable::Newer`] for a version digit above `known`,
+    /// [`Unreadable::Corrupt`] for anything else that is not this kind's magic.
+    pub fn open<'a>(&self, data: &'a [u8]) -> Result<(u8, &'a [u8]), Unreadable> {
+        let bad = || Unreadable::Corrupt("bad magic".into());
+        let rest = data.strip_prefix(self.kind.as_slice()).ok_or_else(bad)?;
+        let (&digit, body) = rest.split_first().ok_or_else(bad)?;
+        if !(b'1'..=b'9').contains(&digit) {
+            return Err(bad());
+        }
+        let version = digit - b'0';
+        match Newer::check(self.what, version.into(), self.known.into()) {
+            Some(newer) => Err(Unreadable::Newer(newer)),
+            None => Ok((version, body)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEG: Magic = Magic {
+        kind: b"NSG",
+        what: "segment format",
+        known: 2,
+    };
+
+    #[test]
+    fn a_higher_version_digit_is_newer_and_anything_else_is_corrupt() {
+        assert_eq!(SEG.bytes(2), *b"NSG2");
+        assert_eq!(SEG.open(b"NSG1abc").unwrap(), (1, &b"abc"[..]));
+        assert_eq!(SEG.open(b"NSG2").unwrap(), (2, &b""[..]));
+        match SEG.open(b"NSG3abc") {
+            Err(Unreadable::Newer(n)) => {
+                assert_eq!((n.what, n.found, n.known), ("segment format", 3, 2))
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [&b"NSG0"[..], b"NSGx", b"NSG", b"", b"NIX1", b"nsg1"] {
+            assert!(
+                matches!(SEG.open(bad), Err(Unreadable::Corrupt(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}
