@@ -85,6 +85,14 @@ enum Command {
         /// Only this partition.
         partition: Option<u32>,
     },
+    /// The format gate (docs/upgrades.md): `status` shows the fleet level, the running
+    /// processes and what stands in the way of raising it; `finalize` raises it, so the
+    /// newer formats are written, and refuses while a build that cannot read them may
+    /// still run.
+    Upgrade {
+        #[command(subcommand)]
+        cmd: UpgradeCmd,
+    },
     /// Benchmark a server on a store: throughput, latency, storage requests per message.
     Bench(bench::BenchArgs),
     /// Topics on a server (NARAD_URL, NARAD_AUTH): list, get, create, patch, delete.
@@ -101,6 +109,36 @@ enum Command {
     Consume(remote::ConsumeArgs),
     /// Read a partition's messages by offset, read-only, as JSON lines.
     Replay(remote::ReplayArgs),
+}
+
+#[derive(Subcommand)]
+enum UpgradeCmd {
+    /// Print the fleet level, the live processes and what blocks a raise, as JSON.
+    Status(UpgradeArgs),
+    /// Raise the fleet level (to the newest this build reads, or --to): prints the
+    /// outcome as JSON; exits non-zero when refused, naming what is in the way.
+    Finalize {
+        #[command(flatten)]
+        args: UpgradeArgs,
+        /// Confirm that no process of a build before the gate (main at commit c3661c8 or
+        /// earlier; they write no process record) still runs. Needed for the first raise.
+        #[arg(long)]
+        confirm_old_builds_stopped: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct UpgradeArgs {
+    /// Store URL [env: NARAD_STORE; default file://./narad-data].
+    #[arg(long)]
+    store: Option<String>,
+    /// The level to raise to (default: the newest this build reads).
+    #[arg(long)]
+    to: Option<u32>,
+    /// How far back a manifest written by a build that cannot read that level counts
+    /// against a raise (e.g. 15m, 30s).
+    #[arg(long, default_value = "15m")]
+    window: String,
 }
 
 #[tokio::main]
@@ -134,6 +172,7 @@ async fn main() -> ExitCode {
             topic,
             partition,
         } => repair(store, dry_run, &topic, partition).await,
+        Command::Upgrade { cmd } => upgrade(cmd).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Topics { cmd, conn } => remote::topics(cmd, conn).await,
         Command::Produce(args) => remote::produce(args).await,
@@ -185,9 +224,9 @@ async fn serve(
             }])
         }
     };
-    let broker = open_broker(&cfg).await?;
+    let broker = Arc::new(open_broker(&cfg).await?);
     let described = broker.store().describe();
-    let app = http::router(Arc::new(broker), users, &cfg.http);
+    let app = http::router(broker.clone(), users, &cfg.http);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -196,6 +235,8 @@ async fn serve(
     println!("narad: serving {scheme}://{addr} on {described}");
     tracing::info!(%addr, store = %described, "narad serve started");
     http::serve(listener, app, &cfg.http, acceptor, shutdown_signal()).await;
+    // A clean stop: this process no longer counts against `narad upgrade finalize`.
+    broker.gate().leave().await;
     Ok(())
 }
 
@@ -225,9 +266,9 @@ async fn gc(store_url: Option<String>, grace: &str, dry_run: bool) -> Result<(),
     }
     let grace = humantime::parse_duration(grace).map_err(|e| format!("--grace {grace:?}: {e}"))?;
     let broker = open_broker(&cfg).await?;
-    let report = maintenance::gc(&broker, grace, dry_run)
-        .await
-        .map_err(|e| format!("gc failed: {e}"))?;
+    let report = maintenance::gc(&broker, grace, dry_run).await;
+    broker.gate().leave().await;
+    let report = report.map_err(|e| format!("gc failed: {e}"))?;
     println!(
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?
@@ -246,14 +287,67 @@ async fn repair(
         cfg.store = s;
     }
     let broker = open_broker(&cfg).await?;
-    let found = broker
-        .repair(topic, partition, dry_run)
-        .await
-        .map_err(|e| format!("repair of {topic} failed: {e}"))?;
+    let found = broker.repair(topic, partition, dry_run).await;
+    broker.gate().leave().await;
+    let found = found.map_err(|e| format!("repair of {topic} failed: {e}"))?;
     for r in found {
         println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
     }
     Ok(())
+}
+
+/// `narad upgrade status|finalize`: on the store itself, as no process of the fleet (it
+/// writes no process record of its own).
+async fn upgrade(cmd: UpgradeCmd) -> Result<(), String> {
+    use narad_shared::gate::{self, Finalized, Scan};
+    let (args, confirmed, finalize) = match cmd {
+        UpgradeCmd::Status(args) => (args, false, false),
+        UpgradeCmd::Finalize {
+            args,
+            confirm_old_builds_stopped,
+        } => (args, confirm_old_builds_stopped, true),
+    };
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(s) = args.store {
+        cfg.store = s;
+    }
+    let window = humantime::parse_duration(&args.window)
+        .map_err(|e| format!("--window {:?}: {e}", args.window))?;
+    let scan = Scan {
+        to: args.to.map(narad_shared::formats::Level),
+        window,
+        confirmed,
+    };
+    let store = narad_shared::store::open_with_latency(&cfg.store, cfg.store_latency)
+        .await
+        .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
+    // The gate's records run on the system clock (narad_shared::gate).
+    let clock = narad_shared::clock::SystemClock;
+    if !finalize {
+        let status = gate::status(&store, &clock, scan)
+            .await
+            .map_err(|e| format!("upgrade status failed: {e}"))?;
+        println!("{}", json(&status)?);
+        return Ok(());
+    }
+    let ids = narad_shared::clock::RandomIds;
+    let done = gate::finalize(&store, &clock, &ids, scan)
+        .await
+        .map_err(|e| format!("upgrade finalize failed: {e}"))?;
+    println!("{}", json(&done)?);
+    match done {
+        Finalized::Raised { .. } => Ok(()),
+        Finalized::Refused { status } => Err(format!(
+            "the fleet stays at level {}: {} thing(s) in the way (see blockers above; docs/upgrades.md)",
+            status.level,
+            status.blockers.len()
+        )),
+    }
+}
+
+/// `v` as one line of JSON.
+fn json<T: serde::Serialize>(v: &T) -> Result<String, String> {
+    serde_json::to_string(v).map_err(|e| e.to_string())
 }
 
 async fn shutdown_signal() {

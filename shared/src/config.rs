@@ -16,6 +16,7 @@
 //! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
 //! | `NARAD_MAX_TOPICS` | 10000 | topics a store may hold; creating one more gets 409 `too_many_topics` |
 //! | `NARAD_COMMIT_LINGER_MS` | 2 | how long a group commit waits for more operations to join |
+//! | `NARAD_PROCESS_RECORD_TTL_MS` | 900000 | how long a process's record in the store (`system/processes/`, read by `narad upgrade`) counts unless renewed; renewed every third of this |
 //! | `NARAD_HEADER_TIMEOUT_MS` | 10000 | `narad serve`: a connection that takes longer to send a request's headers, or sits idle between requests longer, is closed |
 //! | `NARAD_BODY_TIMEOUT_MS` | 30000 | a request body not received within this long gets 408 |
 //! | `NARAD_MAX_CONNECTIONS` | 4096 | `narad serve`: open connections at most (lowered to fit the file-descriptor limit); beyond it, 503 and close |
@@ -53,6 +54,9 @@ pub struct BrokerOptions {
     pub commit_linger: Duration,
     /// Topics the store may hold.
     pub max_topics: usize,
+    /// How long this process's record in the store counts without being renewed (it is
+    /// renewed every third of this; [`crate::gate`]).
+    pub process_ttl: Duration,
 }
 
 impl Default for BrokerOptions {
@@ -66,6 +70,7 @@ impl Default for BrokerOptions {
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
             max_topics: 10_000,
+            process_ttl: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -280,6 +285,12 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
         commit_linger: ms("NARAD_COMMIT_LINGER_MS", defaults.commit_linger, 0, 1000)?,
         topic_cache: ms("NARAD_TOPIC_CACHE_MS", defaults.topic_cache, 0, 60_000)?,
         max_topics: num("NARAD_MAX_TOPICS", defaults.max_topics as u64, 1, 1_000_000)? as usize,
+        process_ttl: ms(
+            "NARAD_PROCESS_RECORD_TTL_MS",
+            defaults.process_ttl,
+            1000,
+            86_400_000,
+        )?,
     })
 }
 

@@ -8,6 +8,39 @@
 //! it, and this build answers 503 `upgrade_required` for it and never rewrites, repairs,
 //! compacts or deletes it.
 
+/// A fleet level: which formats the builds sharing a store may write (docs/formats.md).
+/// Every build reads every format of every level it knows; a build writes a format only
+/// once the store's fleet record ([`crate::gate`]) is at that format's level, so no
+/// process of a build that cannot read it is still running.
+///
+/// | level | what it adds |
+/// |---|---|
+/// | 1 | the formats of every build before the gate (main at commit c3661c8 and earlier): manifest formats 1–5, topic layouts 1–2, segments `NSG1`/`NSG2`, index objects `NIX1`, key chunks `NDK1`, receipt handles `v1` |
+/// | 2 | segments `NSG3`: a segment's body compressed (LZ4) when that saves an eighth or more |
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct Level(pub u32);
+
+impl Level {
+    /// The formats of every build before the gate: a store without a fleet record.
+    pub const BEFORE_GATE: Level = Level(1);
+    /// The highest level this build runs at.
+    pub const NEWEST: Level = Level(2);
+
+    /// True when segments may be written compressed (`NSG3`).
+    pub fn compresses_segments(self) -> bool {
+        self >= Level(2)
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// An object in a format newer than this build knows: which version field says so, the
 /// version found and the newest this build reads. Such an object is answered 503
 /// `upgrade_required` and never rewritten, repaired, compacted or deleted by this build.

@@ -10,6 +10,8 @@
 //! | `topics/{topic}/{partition}/indexes/{id}` | an immutable list of older segments (or of lower indexes) |
 //! | `topics/{topic}/{partition}/dedup/{id}` | an immutable chunk of remembered idempotency keys |
 //! | `system/receipt-key.json` | the generated receipt-signing key, when none is configured |
+//! | `system/fleet.json` | the fleet level: the formats every running build may write ([`crate::gate`]) |
+//! | `system/processes/{id}.json` | one running process: its build and the newest level it reads; expires unless renewed |
 //!
 //! Topic names are validated by [`validate_topic`] before any key is built from them.
 
@@ -17,6 +19,15 @@
 pub const TOPICS_PREFIX: &str = "topics/";
 /// Where a generated receipt-signing key is kept.
 pub const RECEIPT_KEY: &str = "system/receipt-key.json";
+/// The fleet record ([`crate::gate::FleetRecord`]).
+pub const FLEET: &str = "system/fleet.json";
+/// Where process records are listed.
+pub const PROCESSES_PREFIX: &str = "system/processes/";
+
+/// `system/processes/{id}.json`: the record of one running process.
+pub fn process(id: &str) -> String {
+    format!("{PROCESSES_PREFIX}{id}.json")
+}
 
 /// Why a topic name was refused.
 #[derive(Debug, Clone, thiserror::Error)]

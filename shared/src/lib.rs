@@ -17,7 +17,7 @@
 //!
 //! Beside the flow: [`access`] (users, password hashes, per-topic grants), [`maintenance`] (gc and compaction, through the broker's API),
 //! [`topic`], [`segment`], [`objects`] (reading segments and index objects through the caches), [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
-//! [`config`] (configuration from the environment), [`formats`] (versions of stored formats) and [`error`].
+//! [`config`] (configuration from the environment), [`formats`] (versions of stored formats), [`gate`] (which formats the fleet may write) and [`error`].
 
 pub mod access;
 pub mod broker;
@@ -28,6 +28,7 @@ pub mod commit;
 pub mod config;
 pub mod error;
 pub mod formats;
+pub mod gate;
 pub mod http;
 pub mod keys;
 pub mod maintenance;

@@ -16,16 +16,22 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{Cache, Weigh};
-use crate::formats::{Magic, Unreadable};
+use crate::formats::{Level, Magic, Unreadable};
 
 /// Segment magics: `NSG` and the version.
 const MAGIC: Magic = Magic {
     kind: b"NSG",
     what: "segment format",
-    known: 2,
+    known: 3,
 };
 const MAGIC_V1: [u8; 4] = *b"NSG1";
 const MAGIC_V2: [u8; 4] = *b"NSG2";
+const MAGIC_V3: [u8; 4] = *b"NSG3";
+/// Payload bytes below which a segment is not worth compressing.
+const COMPRESS_FROM_BYTES: usize = 256;
+/// The largest body an `NSG3` segment may say it holds (compaction writes at most a few
+/// MiB; a larger claim is damage, and is refused before anything is allocated).
+const MAX_BODY_BYTES: usize = 256 << 20;
 
 /// A message's headers: lowercase name → value (docs/design.md §1).
 pub type Headers = BTreeMap<String, String>;
@@ -146,24 +152,33 @@ pub type SegmentCache = Cache<Segment>;
 pub struct UnencodableSegment(pub String);
 
 impl Segment {
-    /// The bytes to store: `NSG1` unless a message has headers.
-    pub fn encode(&self) -> Result<Bytes, UnencodableSegment> {
+    /// The bytes to store at fleet level `level`: `NSG1` unless a message has headers,
+    /// then `NSG2`; at level 2 and up, `NSG3` (the `NSG2` body compressed) instead when
+    /// the payloads reach [`COMPRESS_FROM_BYTES`] and compression saves an eighth or more.
+    ///
+    /// Errors: [`UnencodableSegment`] (a bug).
+    pub fn encode(&self, level: Level) -> Result<Bytes, UnencodableSegment> {
         let err = |e: postcard::Error| UnencodableSegment(e.to_string());
         let with_headers = self.messages.iter().any(|m| !m.headers.is_empty());
-        let (magic, body) = if with_headers {
+        let payload: usize = self.messages.iter().map(|m| m.payload.len()).sum();
+        let (magic, body) = if level.compresses_segments() && payload >= COMPRESS_FROM_BYTES {
+            let body = postcard::to_allocvec(self).map_err(err)?;
+            let packed = lz4_flex::block::compress(&body);
+            if (packed.len() + 4) * 8 <= body.len() * 7 {
+                let mut out = Vec::with_capacity(8 + packed.len());
+                out.extend_from_slice(&MAGIC_V3);
+                out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+                out.extend_from_slice(&packed);
+                return Ok(Bytes::from(out));
+            }
+            match with_headers {
+                true => (MAGIC_V2, body),
+                false => (MAGIC_V1, self.v1_body().map_err(err)?),
+            }
+        } else if with_headers {
             (MAGIC_V2, postcard::to_allocvec(self).map_err(err)?)
         } else {
-            let v1: Vec<V1Ref<'_>> = self
-                .messages
-                .iter()
-                .map(|m| V1Ref {
-                    produced_at_ms: m.produced_at_ms,
-                    key: &m.key,
-                    payload: &m.payload,
-                    crc32: m.crc32,
-                })
-                .collect();
-            (MAGIC_V1, postcard::to_allocvec(&(v1,)).map_err(err)?)
+            (MAGIC_V1, self.v1_body().map_err(err)?)
         };
         let mut out = Vec::with_capacity(4 + body.len());
         out.extend_from_slice(&magic);
@@ -171,9 +186,24 @@ impl Segment {
         Ok(Bytes::from(out))
     }
 
-    /// Decodes stored bytes (`NSG1` or `NSG2`) and verifies every checksum.
+    /// The `NSG1` body: messages without headers.
+    fn v1_body(&self) -> Result<Vec<u8>, postcard::Error> {
+        let v1: Vec<V1Ref<'_>> = self
+            .messages
+            .iter()
+            .map(|m| V1Ref {
+                produced_at_ms: m.produced_at_ms,
+                key: &m.key,
+                payload: &m.payload,
+                crc32: m.crc32,
+            })
+            .collect();
+        postcard::to_allocvec(&(v1,))
+    }
+
+    /// Decodes stored bytes (`NSG1`, `NSG2` or `NSG3`) and verifies every checksum.
     ///
-    /// Errors: [`Unreadable::Newer`] for a segment format above `NSG2`,
+    /// Errors: [`Unreadable::Newer`] for a segment format above `NSG3`,
     /// [`Unreadable::Corrupt`] for anything that does not decode or check.
     pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
         let err = |e: postcard::Error| Unreadable::Corrupt(e.to_string());
@@ -193,7 +223,8 @@ impl Segment {
                         .collect(),
                 }
             }
-            (_, body) => postcard::from_bytes(body).map_err(err)?,
+            (2, body) => postcard::from_bytes(body).map_err(err)?,
+            (_, packed) => postcard::from_bytes(&unpack(packed)?).map_err(err)?,
         };
         for (i, m) in seg.messages.iter().enumerate() {
             if checksum(&m.payload, &m.headers) != m.crc32 {
@@ -204,6 +235,23 @@ impl Segment {
         }
         Ok(seg)
     }
+}
+
+/// The body of an `NSG3` segment: a little-endian `u32` of its length, then LZ4.
+fn unpack(packed: &[u8]) -> Result<Vec<u8>, Unreadable> {
+    let corrupt = |why: String| Unreadable::Corrupt(why);
+    let (len, block) = packed
+        .split_first_chunk::<4>()
+        .ok_or_else(|| corrupt("truncated".into()))?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > MAX_BODY_BYTES {
+        return Err(corrupt(format!("claims a body of {len} bytes")));
+    }
+    let body = lz4_flex::block::decompress(block, len).map_err(|e| corrupt(e.to_string()))?;
+    if body.len() != len {
+        return Err(corrupt("body shorter than it claims".into()));
+    }
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -218,7 +266,7 @@ mod tests {
                 StoredMessage::new(2, Some("k".into()), vec![0, 255, 1]),
             ],
         };
-        let bytes = seg.encode().unwrap();
+        let bytes = seg.encode(Level::BEFORE_GATE).unwrap();
         assert_eq!(Segment::decode(&bytes).unwrap(), seg);
         let mut bad = bytes.to_vec();
         let n = bad.len();
@@ -242,7 +290,7 @@ mod tests {
                 StoredMessage::new(2, None, b"with".to_vec()).with_headers(h),
             ],
         };
-        let bytes = seg.encode().unwrap();
+        let bytes = seg.encode(Level::BEFORE_GATE).unwrap();
         assert_eq!(&bytes[..4], b"NSG2");
         assert_eq!(Segment::decode(&bytes).unwrap(), seg);
         // Damage the header value's last byte: only the checksum can tell.
@@ -253,12 +301,91 @@ mod tests {
     }
 
     #[test]
+    fn compressed_only_from_level_2_and_only_when_it_pays() {
+        let json = br#"{"order":12345,"status":"paid","items":[{"sku":"A-1","qty":2}]}"#;
+        let seg = Segment {
+            messages: (0..20)
+                .map(|i| StoredMessage::new(i, None, json.to_vec()))
+                .collect(),
+        };
+        let before = seg.encode(Level::BEFORE_GATE).unwrap();
+        assert_eq!(
+            &before[..4],
+            b"NSG1",
+            "level 1 writes what every build reads"
+        );
+        let packed = seg.encode(Level(2)).unwrap();
+        assert_eq!(&packed[..4], b"NSG3");
+        assert!(
+            packed.len() * 3 < before.len(),
+            "{} vs {}",
+            packed.len(),
+            before.len()
+        );
+        assert_eq!(Segment::decode(&packed).unwrap(), seg);
+        // Random payloads do not compress: written as before.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        let seg = Segment {
+            messages: vec![StoredMessage::new(1, None, noise)],
+        };
+        assert_eq!(&seg.encode(Level(2)).unwrap()[..4], b"NSG1");
+        // Small segments are not compressed either.
+        let seg = Segment {
+            messages: vec![StoredMessage::new(1, None, b"aaaaaaaaaaaaaaaa".to_vec())],
+        };
+        assert_eq!(&seg.encode(Level(2)).unwrap()[..4], b"NSG1");
+    }
+
+    #[test]
+    fn a_damaged_or_lying_nsg3_is_corrupt_not_a_panic() {
+        let seg = Segment {
+            messages: vec![StoredMessage::new(1, None, vec![b'x'; 2000])],
+        };
+        let packed = seg.encode(Level(2)).unwrap();
+        assert_eq!(&packed[..4], b"NSG3");
+        let mut lying = packed.to_vec();
+        lying[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Segment::decode(&lying),
+            Err(Unreadable::Corrupt(_))
+        ));
+        let mut short = packed.to_vec();
+        short[4..8].copy_from_slice(&3u32.to_le_bytes());
+        assert!(matches!(
+            Segment::decode(&short),
+            Err(Unreadable::Corrupt(_))
+        ));
+        for cut in [4, 6, 9, packed.len() - 1] {
+            assert!(
+                matches!(Segment::decode(&packed[..cut]), Err(Unreadable::Corrupt(_))),
+                "{cut}"
+            );
+        }
+        let mut flipped = packed.to_vec();
+        let n = flipped.len();
+        flipped[n - 2] ^= 0x55;
+        assert!(Segment::decode(&flipped).is_err());
+        match Segment::decode(b"NSG4anything") {
+            Err(Unreadable::Newer(n)) => assert_eq!((n.found, n.known), (4, 3)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn the_v1_encoding_is_unchanged() {
         // Bytes written by the release before headers existed must still decode.
         let old = Segment {
             messages: vec![StoredMessage::new(7, Some("k".into()), b"v".to_vec())],
         };
-        let bytes = old.encode().unwrap();
+        let bytes = old.encode(Level::BEFORE_GATE).unwrap();
         let mut want = b"NSG1".to_vec();
         // postcard: 1 message; varint 7; Some; "k"; bytes "v"; crc32 as varint.
         want.extend_from_slice(&[1, 7, 1, 1, b'k', 1, b'v']);

@@ -24,6 +24,7 @@ mod settle;
 pub mod topics;
 mod watch;
 
+use crate::gate::Gate;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -55,6 +56,7 @@ pub struct Broker {
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdSource>,
     receipts: Receipts,
+    gate: Arc<Gate>,
     opts: BrokerOptions,
     committer: Arc<Committer>,
     segments: Arc<SegmentCache>,
@@ -90,6 +92,8 @@ impl Broker {
     ) -> BrokerResult<Self> {
         let metered = MeteredStore::new(store);
         let store: DynStore = metered.clone();
+        // First: a process of a build the fleet has left behind must not start at all.
+        let gate = Gate::join(store.clone(), &*ids, opts.process_ttl).await?;
         let receipts = match Receipts::new(receipt_keys) {
             Some(r) => r,
             None => Receipts::new(vec![receipt::shared_key(&*store, &*ids).await?])
@@ -103,6 +107,7 @@ impl Broker {
             clock.clone(),
             caches,
             opts.commit_linger,
+            gate.level(),
         ));
         Ok(Self {
             store,
@@ -110,6 +115,7 @@ impl Broker {
             clock,
             ids,
             receipts,
+            gate,
             topics: topics::TopicCache::new(opts.topic_cache),
             watches: watch::Watches::new(opts.poll_interval, opts.idle_poll_max),
             opts,
@@ -139,6 +145,16 @@ impl Broker {
             cfg.broker.clone(),
         )
         .await
+    }
+
+    /// The fleet level this process writes at now ([`crate::gate`]).
+    pub fn fleet_level(&self) -> crate::formats::Level {
+        self.gate.level().get()
+    }
+
+    /// This process's place in the fleet.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
     }
 
     /// The process-level limits.

@@ -134,6 +134,7 @@ impl Broker {
     /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
     pub async fn topic(&self, name: &str) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
+        self.gate.check()?;
         match self.topics.fresh(name) {
             Some(t) => Ok(t),
             None => self.load_topic(name).await,
@@ -145,6 +146,7 @@ impl Broker {
     /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::TopicNotFound`].
     pub async fn load_topic(&self, name: &str) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
+        self.gate.check()?;
         let key = keys::topic_settings(name);
         let snap = self.record_cell(&key).read::<BrokerError>().await?;
         self.remember(name, snap)
@@ -161,6 +163,7 @@ impl Broker {
         input: &SettingsInput,
     ) -> BrokerResult<(bool, Topic)> {
         keys::validate_topic(name)?;
+        self.gate.check()?;
         let settings = input.to_new()?;
         not_own_dead_letter_topic(name, &settings)?;
         let new = TopicRecord {
@@ -213,6 +216,7 @@ impl Broker {
         limit: usize,
         visible: impl Fn(&str) -> bool,
     ) -> BrokerResult<(Vec<Topic>, Option<String>)> {
+        self.gate.check()?;
         const PAGE: usize = 1000;
         let mut names: Vec<String> = Vec::new();
         let mut cursor = after.to_owned();
@@ -280,6 +284,7 @@ impl Broker {
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::InvalidSetting`].
     pub async fn patch_topic(&self, name: &str, input: &SettingsInput) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
+        self.gate.check()?;
         let key = keys::topic_settings(name);
         let (_, snap) = self
             .record_cell(&key)

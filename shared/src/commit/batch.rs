@@ -554,7 +554,9 @@ impl Committer {
         };
         // Written before the commit; if the commit never lands this object is an orphan.
         let key = keys::segment(&q.topic, q.partition, &id);
-        self.store.put_if_absent(&key, seg.encode()?).await?;
+        self.store
+            .put_if_absent(&key, seg.encode(self.level.get())?)
+            .await?;
         // Consumers in this process read it from memory.
         self.caches.segments.put(key, Arc::new(seg));
         Ok(SegmentRef {

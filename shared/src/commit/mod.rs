@@ -26,6 +26,7 @@ mod repair;
 mod upkeep;
 pub mod wake;
 
+use crate::gate::FleetLevel;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -216,6 +217,8 @@ pub struct CommitStats {
 pub struct Committer {
     caches: Caches,
     linger: Duration,
+    /// The fleet level: which formats this process may write ([`crate::gate`]).
+    level: FleetLevel,
     store: DynStore,
     ids: Arc<dyn IdSource>,
     clock: Arc<dyn Clock>,
@@ -251,10 +254,12 @@ impl Committer {
         clock: Arc<dyn Clock>,
         caches: Caches,
         linger: Duration,
+        level: FleetLevel,
     ) -> Self {
         Self {
             caches,
             linger,
+            level,
             store,
             ids,
             clock,

@@ -21,7 +21,9 @@
 //!    it writes a new one; a delete that failed leaves it behind. Every checkpoint older
 //!    than the two the manifest names (its newest and the one before; docs/design.md §7)
 //!    is deleted, those of a rebuilt partition's earlier life included once it has two.
-//! 5. **Compaction**: a partition with more than [`COMPACT_ABOVE_SEGMENTS`] segments has
+//! 5. **Process records** ([`crate::gate`]) that expired an hour or more ago are deleted
+//!    (Lambda instances come and go; each left one).
+//! 6. **Compaction**: a partition with more than [`COMPACT_ABOVE_SEGMENTS`] segments has
 //!    runs of adjacent small segments rewritten as one (up to [`COMPACT_MAX_BYTES`] and
 //!    [`COMPACT_MAX_MESSAGES`] each), so the manifest that every commit reads and writes
 //!    stays small even behind single-message producers. The merged segment is written
@@ -73,6 +75,8 @@ pub struct GcReport {
     /// Topics and partitions left alone because a newer version of Narad wrote their
     /// topic record or manifest (logged; a newer build's gc takes care of them).
     pub skipped_newer: u64,
+    /// Records of processes that stopped an hour or more ago ([`crate::gate`]), deleted.
+    pub process_records_deleted: u64,
 }
 
 /// One pass's settings.
@@ -129,6 +133,12 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
             }
         }
     }
+    report.process_records_deleted = crate::gate::delete_expired(
+        broker.store(),
+        crate::clock::Clock::now_ms(&crate::clock::SystemClock),
+        dry_run,
+    )
+    .await?;
     Ok(report)
 }
 

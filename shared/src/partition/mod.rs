@@ -202,6 +202,11 @@ pub struct Manifest {
     /// A delayed message is unsettled: it holds the frontier until delivered and acked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delayed: Vec<Delayed>,
+    /// The newest fleet level the build that wrote this state reads ([`crate::gate`]):
+    /// builds before the gate drop the field when they write, so a recent write without
+    /// it shows one of them is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<crate::formats::Level>,
 }
 
 impl Manifest {
@@ -226,6 +231,7 @@ impl Manifest {
             landed_floor: String::new(),
             checkpoint: [0; 4],
             delayed: Vec::new(),
+            gate: None,
         }
     }
 
@@ -537,6 +543,7 @@ impl Stored for Manifest {
         } else {
             MANIFEST_FORMAT
         };
+        self.gate = Some(crate::formats::Level::NEWEST);
         self.recent_writes.push_back(write_id.to_owned());
         while self.recent_writes.len() > RECENT_WRITES {
             self.recent_writes.pop_front();
