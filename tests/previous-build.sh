@@ -22,12 +22,16 @@ if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
     echo "previous-build: commit $commit is not in this clone's history; clone without --depth" >&2
     exit 1
 fi
-src="$root/src-${commit:0:12}"
+# One source directory for every commit, fresh each time, and one target directory beside
+# it: dependencies that did not change are reused, and the workspace crates (same paths,
+# newer files) are rebuilt. A directory per commit would share the target's fingerprints
+# under different paths, and cargo would take one commit's build for another's.
+src="$root/src"
 rm -rf "$src"
 mkdir -p "$src"
 git archive "$commit" | tar -x -C "$src"
-# Its own target directory (its workspace crates differ from this one's); no debug info,
-# which nothing here needs and which doubles the link time.
+find "$src" -exec touch {} +
+# No debug info, which nothing here needs and which doubles the link time.
 CARGO_TARGET_DIR="$root/target" CARGO_PROFILE_DEV_DEBUG=0 \
     cargo build --manifest-path "$src/Cargo.toml" --locked -p narad --bin narad >&2
 cp "$root/target/debug/narad" "$bin.tmp"

@@ -48,6 +48,8 @@ use crate::keys;
 use crate::store::{DynStore, ETag, StoreError};
 use crate::topic::TopicRecord;
 
+/// Tries of a start-up that meets a transient store failure.
+const JOIN_ATTEMPTS: u32 = 8;
 /// How long a finalize's mark of a raise under way holds if the finalize never ends it.
 const RAISING_HOLDS_MS: u64 = 120_000;
 /// Topics a status or finalize looks at, at most (a store holds at most
@@ -202,13 +204,38 @@ impl Gate {
         ids: &dyn IdSource,
         ttl: Duration,
     ) -> BrokerResult<Arc<Self>> {
+        // A start that meets a moment of throttling (or a spurious conflict, which S3 may
+        // answer to a conditional write) tries again, with a new record key.
+        let mut attempt = 0;
+        loop {
+            match Self::try_join(&store, ids, ttl).await {
+                Err(BrokerError::Store(StoreError::Unavailable(_) | StoreError::Conflict))
+                    if attempt < JOIN_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    cas::backoff(attempt, &format!("join-{attempt}")).await;
+                }
+                Ok(gate) => {
+                    gate.spawn_renewals();
+                    return Ok(gate);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn try_join(
+        store: &DynStore,
+        ids: &dyn IdSource,
+        ttl: Duration,
+    ) -> BrokerResult<Arc<Self>> {
         let now = SystemClock.now_ms();
         let refuse = |newer| BrokerError::UpgradeRequired {
             object: keys::FLEET.to_owned(),
             newer,
         };
         let level =
-            admit(read_fleet(&store).await?.as_ref(), Level::NEWEST, now, true).map_err(refuse)?;
+            admit(read_fleet(store).await?.as_ref(), Level::NEWEST, now, true).map_err(refuse)?;
         let record = ProcessRecord {
             build: build_name(),
             newest: Level::NEWEST,
@@ -223,13 +250,13 @@ impl Gate {
         let key = keys::process(&ids.new_id());
         let etag = store.put_if_absent(&key, encode(&record)?).await?;
         // Read again after the record is written: a raise that began before it is seen.
-        let fleet = read_fleet(&store).await?;
+        let fleet = read_fleet(store).await?;
         if let Err(newer) = admit(fleet.as_ref(), Level::NEWEST, SystemClock.now_ms(), true) {
             let _ = store.delete(&key).await;
             return Err(refuse(newer));
         }
         let gate = Arc::new(Self {
-            store,
+            store: store.clone(),
             key,
             ttl,
             level: FleetLevel::fixed(level),
@@ -240,7 +267,6 @@ impl Gate {
             }),
         });
         gate.learn(fleet.as_ref());
-        gate.spawn_renewals();
         Ok(gate)
     }
 

@@ -22,7 +22,7 @@
 //! [`Server::start`] deletes every topic and resets the clock to [`T0`] first.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -630,8 +630,31 @@ impl Process {
         (Self::healthy(child, port).await, log)
     }
 
+    /// As [`Process::start_logged`], running the `narad` executable at `binary` (an
+    /// earlier build: [`previous_build`]).
+    pub async fn start_binary(
+        binary: &Path,
+        store_url: &str,
+        port: u16,
+        extra_env: &[(&str, &str)],
+    ) -> (Self, tokio::process::ChildStderr) {
+        let mut cmd = Self::command_of(binary, store_url, port, extra_env);
+        let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let log = child.stderr.take().unwrap();
+        (Self::healthy(child, port).await, log)
+    }
+
     fn command(store_url: &str, port: u16, extra_env: &[(&str, &str)]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(narad_binary());
+        Self::command_of(&narad_binary(), store_url, port, extra_env)
+    }
+
+    fn command_of(
+        binary: &Path,
+        store_url: &str,
+        port: u16,
+        extra_env: &[(&str, &str)],
+    ) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(binary);
         cmd.args([
             "serve",
             "--listen",
@@ -672,6 +695,39 @@ impl Process {
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// Main at commit c3661c8 (2026-12-01): the last build before the format gate.
+pub const PREVIOUS_COMMIT: &str = "c3661c8b5c3fbc164d5ac1d54440f5f7ca7e0d6c";
+
+/// The `narad` executable of `commit` (built once by `tests/previous-build.sh` and kept
+/// under the target directory; the first call on a fresh machine builds it, minutes).
+pub fn previous_build(commit: &str) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("previous-build.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(commit)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{} {commit} failed", script.display());
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Collects the lines `log` prints, in the background, into the returned vector.
+pub fn collect_log(
+    log: tokio::process::ChildStderr,
+) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use tokio::io::AsyncBufReadExt;
+    let lines: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let into = lines.clone();
+    tokio::spawn(async move {
+        let mut r = tokio::io::BufReader::new(log).lines();
+        while let Ok(Some(l)) = r.next_line().await {
+            into.lock().unwrap().push(l);
+        }
+    });
+    lines
 }
 
 /// The value of the unlabelled metric `name` in a `/metrics` text, if it is there.
