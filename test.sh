@@ -65,6 +65,10 @@ step "SeaweedFS S3 (seaweedfs/start.sh)" "3 s; 16 s the first time" \
     env NARAD_SEAWEEDFS_PORT=$sw_port NARAD_SEAWEEDFS_ACCESS_KEY=$sw_key \
     NARAD_SEAWEEDFS_SECRET_KEY=$sw_secret seaweedfs/start.sh
 step "build (workspace, all targets)" "5 s warm; 11 min cold" cargo build --workspace --all-targets
+# narad serve of main at c3661c8, the build before the format gate, which the mixed-fleet
+# test runs beside this one: built once from this clone's git history and kept in target/.
+step "the previous build (main at c3661c8, for tests/tests/mixed_fleet.rs)" "1 s warm; 8 min cold" \
+    tests/previous-build.sh
 file_suite() { NARAD_TEST_S3="s3://narad-test/$run_id/conformance" tests; }
 s3_suite() { NARAD_TEST_STORE="s3://narad-test/$run_id/http" tests; }
 step "unit tests, store conformance (file, memory, S3), HTTP suite on the file store" "1 min" file_suite

@@ -4,6 +4,8 @@
 //! runs every route of the HTTP API on one store. Flags override `NARAD_LISTEN`,
 //! `NARAD_STORE` and `NARAD_USERS_FILE`; every other setting comes from the environment
 //! (see `narad_shared::config`). `narad hash-password` makes a users file's password hash.
+//! `narad gc` and `narad repair` maintain a store; `narad upgrade status|finalize` shows and
+//! raises its fleet level (docs/upgrades.md).
 //! `narad topics|produce|consume|replay` are clients of a running server ([`remote`]).
 
 mod bench;
