@@ -179,7 +179,8 @@ pub struct Gate {
 struct State {
     record: ProcessRecord,
     etag: Option<ETag>,
-    stopped: Option<Newer>,
+    /// What stopped this process from serving: the object and its version.
+    stopped: Option<(String, Newer)>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -290,11 +291,20 @@ impl Gate {
     pub fn check(&self) -> BrokerResult<()> {
         match &self.lock().stopped {
             None => Ok(()),
-            Some(newer) => Err(BrokerError::UpgradeRequired {
-                object: keys::FLEET.to_owned(),
+            Some((object, newer)) => Err(BrokerError::UpgradeRequired {
+                object: object.clone(),
                 newer: newer.clone(),
             }),
         }
+    }
+
+    /// Stops this process from serving: `object`, which every request needs, was written
+    /// by a newer build (the generated receipt key of a newer format).
+    pub fn stop(&self, object: &str, newer: Newer) {
+        tracing::error!(%object, %newer, "a newer version of Narad wrote this object, which every \
+            request needs: this process serves nothing (upgrade_required) until it is replaced \
+            by a newer one (docs/upgrades.md)");
+        self.lock().stopped = Some((object.to_owned(), newer));
     }
 
     /// Takes in a fleet record as read.
@@ -311,7 +321,7 @@ impl Gate {
                     tracing::error!(%newer, "the fleet was raised beyond this build: it serves nothing more \
                         (upgrade_required) until it is replaced by a newer one (docs/upgrades.md)");
                 }
-                state.stopped = Some(newer);
+                state.stopped = Some((keys::FLEET.to_owned(), newer));
             }
         }
     }

@@ -305,35 +305,46 @@ async fn newer_index_objects_and_key_chunks_are_answered_upgrade_required_and_ne
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_receipt_key_or_handle_is_upgrade_required() {
-    let Some((s, _)) = server().await else {
+    let Some((s, url)) = server().await else {
         return;
     };
     s.create_topic("h", json!({})).await;
     s.produce("h", "m").await;
     // A handle a newer build signed, in a newer handle version.
     assert_upgrade_required(s.ack_raw("h", "v2.e30.AAAA", "").await, "ack").await;
-    // The generated receipt key in a newer format: a process does not start on it.
+    // The generated receipt key in a newer format: a process on it serves nothing.
     let key = narad_shared::keys::RECEIPT_KEY;
     // Test servers are configured with keys: generate the shared one as a process without.
     narad_shared::receipt::shared_key(&*s.store, &narad_shared::clock::RandomIds)
         .await
         .unwrap();
     let newer = rewrite_as_newer(&s.store, key, "format", json!(2)).await;
-    let started = narad_shared::broker::Broker::new(
-        s.store.clone(),
-        std::sync::Arc::new(TestClock::manual(T0)),
-        std::sync::Arc::new(narad_shared::clock::RandomIds),
-        Vec::new(),
-        Default::default(),
+    let unkeyed = Options {
+        receipt_keys: Vec::new(),
+        ..Options::default()
+    };
+    let other = Server::start_on(s.store.clone(), None, unkeyed, TestClock::manual(T0)).await;
+    assert_upgrade_required(other.consume_raw("h", "").await, "consume").await;
+    let r = other
+        .req(Method::POST, "/v1/topics/h/produce")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_upgrade_required(r, "produce").await;
+    let held = s.consume("h", "").await.unwrap();
+    let handle = held["receipt_handle"].as_str().unwrap();
+    assert_upgrade_required(other.ack_raw("h", handle, "").await, "ack").await;
+    assert_upgrade_required(
+        other.req(Method::GET, "/v1/topics").send().await.unwrap(),
+        "list topics",
     )
     .await;
-    match started {
-        Err(e @ narad_shared::error::BrokerError::UpgradeRequired { .. }) => {
-            assert!(e.to_string().contains("receipt key format 2"), "{e}")
-        }
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("started on a newer receipt key"),
-    }
+    // The tools without a configured key refuse too, and write nothing.
+    let (ok, _, err) = narad(&url, &["gc", "--grace", "0s"]).await;
+    assert!(!ok && err.contains("receipt key format 2"), "{err}");
+    let (ok, _, err) = narad(&url, &["repair", "h"]).await;
+    assert!(!ok && err.contains("receipt key format 2"), "{err}");
     assert_eq!(s.store.get(key).await.unwrap().unwrap().data, newer);
 }
 

@@ -24,6 +24,7 @@ mod settle;
 pub mod topics;
 mod watch;
 
+use crate::cas::CasError;
 use crate::gate::Gate;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,10 +95,23 @@ impl Broker {
         let store: DynStore = metered.clone();
         // First: a process of a build the fleet has left behind must not start at all.
         let gate = Gate::join(store.clone(), &*ids, opts.process_ttl).await?;
-        let receipts = match Receipts::new(receipt_keys) {
-            Some(r) => r,
-            None => Receipts::new(vec![receipt::shared_key(&*store, &*ids).await?])
-                .ok_or_else(|| BrokerError::Internal("no receipt key".into()))?,
+        let key = match Receipts::new(receipt_keys) {
+            Some(r) => Ok(Some(r)),
+            None => receipt::shared_key(&*store, &*ids)
+                .await
+                .map(|k| Receipts::new(vec![k])),
+        };
+        let receipts = match key {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err(BrokerError::Internal("no receipt key".into())),
+            // A newer build's key: this process serves nothing (every request answers
+            // upgrade_required), and never writes over it. The key it holds signs nothing.
+            Err(CasError::Newer { key, newer }) => {
+                gate.stop(&key, newer);
+                Receipts::new(vec![ids.new_id().into_bytes()])
+                    .ok_or_else(|| BrokerError::Internal("no receipt key".into()))?
+            }
+            Err(e) => return Err(e.into()),
         };
         let caches = Caches::new(opts.segment_cache_bytes);
         let (segments, indexes) = (caches.segments.clone(), caches.indexes.clone());

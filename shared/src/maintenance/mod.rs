@@ -92,6 +92,8 @@ struct Pass {
 ///
 /// Errors: store failures; a pass can be re-run at any time.
 pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult<GcReport> {
+    // A process stopped by a newer build maintains nothing.
+    broker.gate().check()?;
     let pass = Pass { grace, dry_run };
     let mut report = GcReport::default();
     let keys = broker.store().list(keys::TOPICS_PREFIX).await?;
