@@ -697,6 +697,22 @@ impl Process {
     }
 }
 
+/// Runs this build's `narad ARGS` (with `NARAD_LOG=warn`) to the end; answers (success,
+/// stdout, stderr).
+pub async fn run_narad(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(narad_binary())
+        .args(args)
+        .env("NARAD_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Main at commit c3661c8 (2026-12-01): the last build before the format gate.
 pub const PREVIOUS_COMMIT: &str = "c3661c8b5c3fbc164d5ac1d54440f5f7ca7e0d6c";
 

@@ -48,20 +48,13 @@ async fn server() -> Option<(Server, String)> {
 
 /// Runs `narad upgrade ARGS --store URL`; answers (success, the JSON it printed, stderr).
 async fn upgrade(url: &str, args: &[&str]) -> (bool, Value, String) {
-    let out = tokio::process::Command::new(narad_tests::narad_binary())
-        .arg("upgrade")
-        .args(args)
-        .arg("--store")
-        .arg(url)
-        .env("NARAD_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mut all = vec!["upgrade"];
+    all.extend(args);
+    all.extend(["--store", url]);
+    let (ok, stdout, stderr) = narad_tests::run_narad(&all).await;
     let v =
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout} {stderr}"));
-    (out.status.success(), v, stderr)
+    (ok, v, stderr)
 }
 
 fn kinds(v: &Value) -> Vec<String> {
@@ -315,13 +308,9 @@ async fn gc_deletes_process_records_long_expired() {
                 "started_ms": 0, "renewed_ms": 0, "expires_ms": now - 7_200_000}),
     )
     .await;
-    let out = tokio::process::Command::new(narad_tests::narad_binary())
-        .args(["gc", "--store", &url])
-        .env("NARAD_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (ok, out, err) = narad_tests::run_narad(&["gc", "--store", &url]).await;
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(report["process_records_deleted"], 1, "{report}");
     assert!(s.store.get(gone).await.unwrap().is_none());
     // The live ones (the test server's, and the gc's own, deleted as it ends) stay.

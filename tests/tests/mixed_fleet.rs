@@ -115,19 +115,12 @@ impl Fleet {
 
     /// Runs this build's `narad upgrade ARGS`; (success, JSON printed).
     async fn upgrade(&self, args: &[&str]) -> (bool, Value) {
-        let out = tokio::process::Command::new(narad_tests::narad_binary())
-            .arg("upgrade")
-            .args(args)
-            .args(["--store", &self.url])
-            .env("NARAD_LOG", "warn")
-            .output()
-            .await
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        (
-            out.status.success(),
-            serde_json::from_str(text.trim()).unwrap(),
-        )
+        let mut all = vec!["upgrade"];
+        all.extend(args);
+        all.extend(["--store", &self.url]);
+        let (ok, out, err) = narad_tests::run_narad(&all).await;
+        let v = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+        (ok, v)
     }
 
     /// The version magic of every segment in the store.

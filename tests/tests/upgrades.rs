@@ -37,19 +37,9 @@ async fn assert_upgrade_required(r: reqwest::Response, what: &str) {
 
 /// Runs `narad ARGS --store URL`; answers (success, stdout, stderr).
 async fn narad(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = tokio::process::Command::new(narad_tests::narad_binary())
-        .args(args)
-        .arg("--store")
-        .arg(url)
-        .env("NARAD_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = args.to_vec();
+    all.extend(["--store", url]);
+    narad_tests::run_narad(&all).await
 }
 
 async fn server() -> Option<(Server, String)> {
