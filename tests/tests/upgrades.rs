@@ -122,12 +122,16 @@ async fn a_newer_topic_layout_is_answered_upgrade_required_and_never_rewritten()
     };
     s.create_topic("lay", json!({})).await;
     s.produce("lay", "m").await;
+    s.produce("lay", "n").await;
+    let held = s.consume("lay", "").await.unwrap();
+    let handle = held["receipt_handle"].as_str().unwrap().to_owned();
     let key = "topics/lay/topic.json";
     let newer = rewrite_as_newer(&s.store, key, "layout", json!(7)).await;
     // A fresh process (nothing cached) meets it on every route.
     let (store, dir) = (s.store.clone(), None);
     let fresh = Server::start_on(store, dir, Options::default(), TestClock::manual(T0)).await;
     assert_upgrade_required(fresh.consume_raw("lay", "").await, "consume").await;
+    assert_upgrade_required(fresh.ack_raw("lay", &handle, "").await, "ack").await;
     let r = fresh
         .req(Method::POST, "/v1/topics/lay/produce")
         .body("x")
@@ -256,6 +260,8 @@ async fn newer_index_objects_and_key_chunks_are_answered_upgrade_required_and_ne
         s.produce_idem("deep", &format!("key-{i}"), &format!("m{i}"))
             .await;
     }
+    let held = s.consume("deep", "").await.unwrap();
+    let handle = held["receipt_handle"].as_str().unwrap().to_owned();
     let indexes = s.store.list("topics/deep/0/indexes/").await.unwrap();
     let chunks = s.store.list("topics/deep/0/dedup/").await.unwrap();
     assert!(
@@ -269,8 +275,10 @@ async fn newer_index_objects_and_key_chunks_are_answered_upgrade_required_and_ne
     let newer_chunks = snapshot(&s.store, "topics/deep/0/dedup/").await;
 
     let other = fresh(&s, clock.clone()).await;
-    // Offset 0 sits in a segment only an index object names.
+    // Offset 1 sits in a segment only an index object names.
     assert_upgrade_required(other.consume_raw("deep", "").await, "consume").await;
+    // An ack reads neither: it settles offset 0, and writes none of them.
+    assert_eq!(other.ack("deep", &handle, "").await, StatusCode::NO_CONTENT);
     // A produce with a key must look in the chunks: a newer one cannot be looked in.
     let r = other
         .req(Method::POST, "/v1/topics/deep/produce")

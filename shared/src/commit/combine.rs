@@ -313,6 +313,11 @@ impl Committer {
                 Status::Pending => {}
                 Status::Dead => {
                     self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
+                    // It never lands: deleted before it is written again, so a rebuild
+                    // from segments (which cannot tell a dead one from a pending one)
+                    // never finds two copies of these produces.
+                    let dead = keys::segment(&q.topic, q.partition, &segment.id);
+                    self.store.delete(&dead).await?;
                     (segment, round_trip) = write(snap.value.combined_through.clone()).await?;
                 }
                 Status::Unknown => return Err(BrokerError::Contention),

@@ -10,7 +10,8 @@
 //! * **Connection limit** (`NARAD_MAX_CONNECTIONS`, lowered to half of what the
 //!   file-descriptor limit leaves after a reserve, so the store's own files and sockets
 //!   always fit): a connection over it is answered 503 with `Retry-After` and closed
-//!   within 200 ms. At most half as many refusals run at once; while they are all busy
+//!   within 200 ms (at once, 20 ms after its answer, when it has sent nothing, as an idle
+//!   socket has not). At most half as many refusals run at once; while they are all busy
 //!   the loop stops accepting for a moment (the kernel's backlog holds new connections),
 //!   so descriptors never run out, and every connection, a health check included, gets an
 //!   answer even while idle sockets fill every slot (the idle timeout closes those).
@@ -41,6 +42,8 @@ const FD_RESERVE: u64 = 64;
 
 /// How long a refused connection is kept open for its answer to be read.
 const REFUSE_WITHIN: Duration = Duration::from_millis(200);
+/// How long a refused connection that has sent nothing is waited on before it is closed.
+const QUIET_PEER: Duration = Duration::from_millis(20);
 
 /// How long connections may finish their requests after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -178,6 +181,14 @@ async fn refuse(mut stream: TcpStream, _slot: OwnedSemaphorePermit) {
         let _ = stream.write_all(BUSY).await;
         let _ = stream.shutdown().await;
         let mut buf = [0u8; 1024];
+        // A peer that sends nothing (an idle socket) is closed at once: with nothing
+        // unread, the close is a clean FIN, and the slot frees for the next refusal. One
+        // that sent a request is drained until it closes, so its answer is not lost to a
+        // reset.
+        match tokio::time::timeout(QUIET_PEER, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return,
+        }
         while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
     })
     .await;

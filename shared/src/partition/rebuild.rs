@@ -100,10 +100,37 @@ pub struct Report {
     pub recovered_segments: usize,
     /// Idempotency keys of those messages, remembered again.
     pub recovered_keys: usize,
+    /// Unnamed segments left out because each of their messages is a produce that is
+    /// there already (see [`lands_twice`]).
+    pub duplicate_segments: usize,
+    /// Messages of recovered segments that are second copies of a produce that is there
+    /// already (their idempotency key remembered): settled at once, never delivered.
+    pub duplicates_settled: usize,
     /// The rebuilt partition's offsets `[start, next)`.
     pub offsets: (u64, u64),
     /// Segments left out because they cannot be read (their messages are lost).
     pub unreadable_segments: Vec<String>,
+}
+
+/// True when every message of the unnamed segment `s` (whose idempotency keys are `keys`)
+/// carries a key `m` already remembers, live when it was produced: each is a produce that
+/// is in the partition already (at an offset the checkpoint knows, or in a segment
+/// recovered before this one), and `s` is a second copy of it: the orphan of a produce
+/// retried with its key, or a combinable segment written again after a commit passed it
+/// over. Recovering it too would put one payload at two offsets. A segment with a message
+/// without a key is always recovered (nothing tells it apart from a new produce).
+fn lands_twice(m: &Manifest, s: &SegmentRef, keys: &[(u32, String, u64)]) -> bool {
+    let keyed: std::collections::HashSet<u32> = keys
+        .iter()
+        .filter(|(i, ..)| *i < s.count)
+        .map(|(i, ..)| *i)
+        .collect();
+    s.count > 0
+        && keyed.len() == s.count as usize
+        && keys
+            .iter()
+            .filter(|(i, ..)| *i < s.count)
+            .all(|(_, key, at)| m.dedup_lookup(key, *at).is_some())
 }
 
 /// The rebuilt manifest of `incarnation` from `ev`, remembering recovered messages'
@@ -152,10 +179,24 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Ma
         m.next_offset += u64::from(s.count);
     }
     let mut recovered_keys = 0;
+    let mut duplicate_segments = 0;
+    let mut duplicates_settled = 0;
     for s in &ev.unnamed {
+        if lands_twice(&m, s, ev.keys.get(&s.id).map_or(&[], Vec::as_slice)) {
+            duplicate_segments += 1;
+            continue;
+        }
         let base = m.next_offset;
         for (i, key, at) in ev.keys.get(&s.id).into_iter().flatten() {
-            if *i < s.count {
+            if *i >= s.count {
+                continue;
+            }
+            if m.dedup_lookup(key, *at).is_some() {
+                // A second copy of a produce that is there already (a retry's, in a
+                // segment with other messages): settled at once, never delivered.
+                m.acked_ahead.insert(base + u64::from(*i));
+                duplicates_settled += 1;
+            } else {
                 let expires = at.saturating_add(dedup_window_ms);
                 m.dedup_insert(key, base + u64::from(*i), expires, 0);
                 recovered_keys += 1;
@@ -167,6 +208,7 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Ma
         });
         m.next_offset += u64::from(s.count);
     }
+    m.advance_frontier();
     // Every combinable segment seen is decided now (landed here): none lands twice.
     let newest = ev
         .unnamed
@@ -182,8 +224,10 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Ma
         retired: (ckpt.start_offset, bound),
         redelivered: count(&ev.unsettled),
         recovered,
-        recovered_segments: ev.unnamed.len(),
+        recovered_segments: ev.unnamed.len() - duplicate_segments,
         recovered_keys,
+        duplicate_segments,
+        duplicates_settled,
         offsets: (m.start_offset, m.next_offset),
         unreadable_segments: std::mem::take(&mut ev.unreadable),
     };
@@ -240,6 +284,8 @@ mod tests {
                 recovered: 5,
                 recovered_segments: 2,
                 recovered_keys: 0,
+                duplicate_segments: 0,
+                duplicates_settled: 0,
                 offsets: (15, 25),
                 unreadable_segments: Vec::new(),
             }
@@ -292,6 +338,61 @@ mod tests {
         assert_eq!(m.delayed_until(15, 0), Some(9000));
         assert_eq!(m.delayed_until(16, 0), None);
         assert_eq!(m.delayed.len(), 1, "{:?}", m.delayed);
+    }
+
+    #[test]
+    fn a_second_copy_of_keyed_produces_is_not_recovered_twice() {
+        // The checkpoint remembers "k1" at offset 3; after it, "k2" was produced, its
+        // commit lost, and produced again in a second segment ("d" holds both again, as a
+        // combinable segment written anew would).
+        let mut ckpt = manifest_with(0);
+        ckpt.segments = vec![seg("a", 0, 5)];
+        ckpt.next_offset = 5;
+        ckpt.frontier = 5;
+        ckpt.dedup_insert("k1", 3, 5000, 0);
+        let mut keys = HashMap::new();
+        keys.insert("b".to_owned(), vec![(0, "k1".to_owned(), 100)]);
+        keys.insert("c".to_owned(), vec![(0, "k2".to_owned(), 200)]);
+        keys.insert(
+            "d".to_owned(),
+            vec![(0, "k2".to_owned(), 200), (1, "k1".to_owned(), 100)],
+        );
+        // "e" has k2 and a message without a key: it could be a new produce, so it stays.
+        keys.insert("e".to_owned(), vec![(0, "k2".to_owned(), 200)]);
+        // "f": k1 again, produced after its window ended: a new produce.
+        keys.insert("f".to_owned(), vec![(0, "k1".to_owned(), 6000)]);
+        let ev = Evidence {
+            unnamed: vec![
+                seg("b", 0, 1),
+                seg("c", 0, 1),
+                seg("d", 0, 2),
+                seg("e", 0, 2),
+                seg("f", 0, 1),
+            ],
+            checkpoint: Some(ckpt),
+            keys,
+            ..Evidence::default()
+        };
+        let (m, r) = rebuild("i", ev, 1000);
+        let placed: Vec<(&str, u64)> = m
+            .segments
+            .iter()
+            .map(|s| (s.id.as_str(), s.base_offset))
+            .collect();
+        // Offsets above all that the lost manifest may have handed out, copies included.
+        assert_eq!(m.start_offset, 5 + 7);
+        assert_eq!(placed, vec![("c", 12), ("e", 13), ("f", 15)]);
+        assert_eq!((r.duplicate_segments, r.recovered_segments), (2, 3));
+        assert_eq!(m.dedup_lookup("k2", 0), Some(12), "the first copy's offset");
+        // e's copy of k2 (offset 13) is settled at once; its keyless message (14) is not.
+        assert_eq!(r.duplicates_settled, 1);
+        assert_eq!(m.acked_ahead.iter().copied().collect::<Vec<_>>(), vec![13]);
+        assert_eq!(m.frontier, 12);
+        assert_eq!(
+            m.dedup_lookup("k1", 6000),
+            Some(15),
+            "a new produce after the window"
+        );
     }
 
     #[test]
