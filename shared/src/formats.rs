@@ -41,6 +41,21 @@ impl std::fmt::Display for Level {
     }
 }
 
+/// A manifest write id as this build records it: its newest level first, `g2-…`. Builds
+/// before the gate record bare ids, so `narad upgrade` can tell every recent write of a
+/// build that cannot read a level ([`write_stamp`]).
+pub fn stamp_write(write_id: &str) -> String {
+    format!("g{}-{write_id}", Level::NEWEST.0)
+}
+
+/// The newest level the writer of `id` reads, from its stamp; `None` for a bare id (a
+/// build before the gate).
+pub fn write_stamp(id: &str) -> Option<Level> {
+    let (stamp, _) = id.strip_prefix('g')?.split_once('-')?;
+    let plain = !stamp.is_empty() && stamp.len() <= 4 && stamp.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| stamp.parse().ok().map(Level)).flatten()
+}
+
 /// An object in a format newer than this build knows: which version field says so, the
 /// version found and the newest this build reads. Such an object is answered 503
 /// `upgrade_required` and never rewritten, repaired, compacted or deleted by this build.
@@ -123,6 +138,23 @@ impl Magic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_ids_carry_the_level_of_their_writer() {
+        let uuid = "01a231a5253773409371a411e14bb806";
+        let stamped = stamp_write(uuid);
+        assert_eq!(stamped, format!("g2-{uuid}"));
+        assert_eq!(write_stamp(&stamped), Some(Level(2)));
+        assert_eq!(
+            write_stamp(&stamp_write(&format!("repair-{uuid}"))),
+            Some(Level(2))
+        );
+        // Bare ids: builds before the gate (UUIDv7 hex never starts with `g`).
+        assert_eq!(write_stamp(uuid), None);
+        assert_eq!(write_stamp("repair-x"), None);
+        assert_eq!(write_stamp("g-x"), None);
+        assert_eq!(write_stamp("gx-y"), None);
+    }
 
     const SEG: Magic = Magic {
         kind: b"NSG",

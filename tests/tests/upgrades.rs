@@ -158,6 +158,8 @@ async fn a_newer_topic_layout_is_answered_upgrade_required_and_never_rewritten()
     let report: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(report["skipped_newer"], 1, "{report}");
     assert_eq!(report["leftovers_deleted"], 0, "{report}");
+    let (ok, out, err) = narad(&url, &["repair", "lay"]).await;
+    assert!(!ok && err.contains("topic layout 7"), "{out} {err}");
     assert_eq!(s.store.get(key).await.unwrap().unwrap().data, newer);
     assert!(s
         .store

@@ -13,7 +13,8 @@
 //!   its build and the newest level it reads, renewed every third of its lifetime
 //!   (`NARAD_PROCESS_RECORD_TTL_MS`, 15 minutes) and expiring when not renewed. Builds
 //!   before the gate write none; they are seen instead by their writes: every manifest
-//!   this build writes carries its newest level (`gate`), and theirs carry none.
+//!   write id this build records carries its newest level
+//!   ([`crate::formats::stamp_write`]), and theirs carry none.
 //!
 //! **Joining** ([`Gate::join`], at start-up): read the fleet record, write this process's
 //! record, read the fleet record again. A level above the newest this build reads, or a

@@ -11,7 +11,7 @@ use super::{build_name, read_fleet, FleetRecord, ProcessRecord, Raising};
 use crate::cas::{self, Cell, Decision, Pure};
 use crate::clock::{Clock, IdSource};
 use crate::error::{BrokerError, BrokerResult};
-use crate::formats::Level;
+use crate::formats::{write_stamp, Level};
 use crate::keys;
 use crate::store::DynStore;
 use crate::topic::TopicRecord;
@@ -224,11 +224,9 @@ pub async fn delete_expired(store: &DynStore, now: u64, dry_run: bool) -> Broker
     Ok(deleted)
 }
 
-/// What a status needs of a manifest: its writer's stamp and its write ids.
+/// What a status needs of a manifest: its write ids.
 #[derive(Deserialize)]
 struct Stamped {
-    #[serde(default)]
-    gate: Option<Level>,
     #[serde(default)]
     recent_writes: Vec<String>,
 }
@@ -272,25 +270,35 @@ async fn recent_writes(
             else {
                 continue;
             };
-            if stamped.gate.is_some_and(|g| g >= target) {
-                continue;
-            }
-            let written = stamped
-                .recent_writes
-                .last()
-                .map_or(Some(0), |w| write_time(w));
-            let written_ms = written.unwrap_or(0);
-            if written_ms == 0 || written_ms >= since {
-                out.push(Blocker::RecentWrite {
-                    topic: topic.clone(),
-                    partition: p,
-                    written_ms,
-                    stamp: stamped.gate,
-                });
+            if let Some(blocker) = recent_write(&topic, p, &stamped.recent_writes, since, target) {
+                out.push(blocker);
             }
         }
     }
     Ok(out)
+}
+
+/// The newest of `writes` (a manifest's recent write ids) made at or after `since` by a
+/// build that cannot read `target`, as a blocker. A write whose time cannot be read counts
+/// as recent.
+pub fn recent_write(
+    topic: &str,
+    partition: u32,
+    writes: &[String],
+    since: u64,
+    target: Level,
+) -> Option<Blocker> {
+    writes
+        .iter()
+        .rev()
+        .map(|w| (w, write_time(w).unwrap_or(0), write_stamp(w)))
+        .find(|(_, at, stamp)| (*at == 0 || *at >= since) && stamp.is_none_or(|s| s < target))
+        .map(|(_, written_ms, stamp)| Blocker::RecentWrite {
+            topic: topic.to_owned(),
+            partition,
+            written_ms,
+            stamp,
+        })
 }
 
 /// How a finalize ended.
@@ -450,6 +458,40 @@ mod tests {
         };
         let b = blockers(one, two, Some(&mark), &[], vec![], true);
         assert!(only_our_mark(&b) && !b.is_empty());
+    }
+
+    #[test]
+    fn any_recent_write_of_a_build_that_cannot_read_the_target_blocks() {
+        let now = 10_000_000_000_000u64;
+        let at = |ms: u64| {
+            // A UUIDv7 of time `ms`.
+            format!("{ms:012x}70008000000000000000")
+        };
+        let (two, three) = (Level(2), Level(3));
+        let old = at(now - 1000);
+        let ours = crate::formats::stamp_write(&at(now - 10));
+        // The last write is this build's; one before it is an old build's: blocked.
+        let writes = vec![at(now - 90_000_000), old.clone(), ours.clone()];
+        let b = recent_write("t", 0, &writes, now - 60_000, two).unwrap();
+        assert_eq!(
+            b,
+            Blocker::RecentWrite {
+                topic: "t".into(),
+                partition: 0,
+                written_ms: now - 1000,
+                stamp: None
+            }
+        );
+        // Out of the window, or only writes of builds that read the target: not blocked.
+        assert_eq!(recent_write("t", 0, &writes, now - 500, two), None);
+        assert_eq!(
+            recent_write("t", 0, std::slice::from_ref(&ours), 0, two),
+            None
+        );
+        // This build's writes block a raise beyond it.
+        assert!(recent_write("t", 0, &[ours], 0, three).is_some());
+        // A write of unknown time counts as recent.
+        assert!(recent_write("t", 0, &["id-000001".into()], now, two).is_some());
     }
 
     #[test]

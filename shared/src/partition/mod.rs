@@ -202,11 +202,6 @@ pub struct Manifest {
     /// A delayed message is unsettled: it holds the frontier until delivered and acked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delayed: Vec<Delayed>,
-    /// The newest fleet level the build that wrote this state reads ([`crate::gate`]):
-    /// builds before the gate drop the field when they write, so a recent write without
-    /// it shows one of them is running.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gate: Option<crate::formats::Level>,
 }
 
 impl Manifest {
@@ -231,7 +226,6 @@ impl Manifest {
             landed_floor: String::new(),
             checkpoint: [0; 4],
             delayed: Vec::new(),
-            gate: None,
         }
     }
 
@@ -543,8 +537,10 @@ impl Stored for Manifest {
         } else {
             MANIFEST_FORMAT
         };
-        self.gate = Some(crate::formats::Level::NEWEST);
-        self.recent_writes.push_back(write_id.to_owned());
+        // Stamped with this build's level: `narad upgrade` tells the writes of builds
+        // that cannot read a level by it ([`crate::formats::stamp_write`]).
+        self.recent_writes
+            .push_back(crate::formats::stamp_write(write_id));
         while self.recent_writes.len() > RECENT_WRITES {
             self.recent_writes.pop_front();
         }
@@ -552,7 +548,8 @@ impl Stored for Manifest {
     }
 
     fn written_by(&self, write_id: &str) -> bool {
-        self.recent_writes.iter().any(|w| w == write_id)
+        let stamped = crate::formats::stamp_write(write_id);
+        self.recent_writes.iter().any(|w| *w == stamped)
     }
 }
 
