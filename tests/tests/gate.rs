@@ -316,3 +316,38 @@ async fn gc_deletes_process_records_long_expired() {
     let live = s.store.list("system/processes/").await.unwrap();
     assert!(!live.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_record_is_renewed_after_a_lost_answer_or_a_delete() {
+    let Some((s, _)) = server().await else {
+        return;
+    };
+    let keys = s.store.list("system/processes/").await.unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let key = &keys[0];
+    let renewed = |store: DynStore| async move {
+        let o = store.get(key).await.unwrap()?;
+        let v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+        v["renewed_ms"].as_u64()
+    };
+    // Its ETag changes under it, as when the answer to its last write was lost.
+    let o = s.store.get(key).await.unwrap().unwrap();
+    let mut v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+    v["renewed_ms"] = json!(1);
+    put_sealed(&s.store, key, &v).await;
+    let before = 1;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while renewed(s.store.clone()).await.unwrap() == before {
+        assert!(Instant::now() < deadline, "not renewed over a changed ETag");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Deleted (as gc deletes an expired one): written afresh.
+    s.store.delete(key).await.unwrap();
+    while renewed(s.store.clone()).await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not written again after a delete"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -341,14 +341,15 @@ impl Gate {
         };
         let Ok(body) = body else { return };
         let written = match &etag {
-            Some(e) => match self.store.put_if_match(&self.key, body.clone(), e).await {
-                // Deleted (gc takes expired records) or replaced: write it afresh.
-                Err(StoreError::NotFound | StoreError::Conflict) => {
-                    self.store.put_if_absent(&self.key, body).await
-                }
-                other => other,
-            },
-            None => self.store.put_if_absent(&self.key, body).await,
+            Some(e) => self.store.put_if_match(&self.key, body.clone(), e).await,
+            None => Err(StoreError::Conflict),
+        };
+        let written = match written {
+            // The answer to the last write was lost (its ETag is not the one held), or gc
+            // took a record that had expired: write over what is there, or afresh. Only
+            // this process writes its key.
+            Err(StoreError::NotFound | StoreError::Conflict) => self.rewrite(body).await,
+            other => other,
         };
         match written {
             Ok(e) => self.lock().etag = Some(e),
@@ -360,6 +361,14 @@ impl Gate {
         match read_fleet(&self.store).await {
             Ok(fleet) => self.learn(fleet.as_ref()),
             Err(e) => tracing::warn!(error = %e, "fleet record not read"),
+        }
+    }
+
+    /// Writes `body` over this process's record as it is stored now, or afresh.
+    async fn rewrite(&self, body: bytes::Bytes) -> Result<ETag, StoreError> {
+        match self.store.get(&self.key).await? {
+            Some(o) => self.store.put_if_match(&self.key, body, &o.etag).await,
+            None => self.store.put_if_absent(&self.key, body).await,
         }
     }
 
