@@ -17,6 +17,7 @@
 /// |---|---|
 /// | 1 | the formats of every build before the gate (main at commit c3661c8 and earlier): manifest formats 1–5, topic layouts 1–2, segments `NSG1`/`NSG2`, index objects `NIX1`, key chunks `NDK1`, receipt handles `v1` |
 /// | 2 | segments `NSG3`: a segment's body compressed (LZ4) when that saves an eighth or more |
+/// | 3 | intents (settles and lease requests any process commits, `…-i{op}` under `segments/`) and manifest format 6 (`decided`, `decided_floor`) |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -27,11 +28,17 @@ impl Level {
     /// The formats of every build before the gate: a store without a fleet record.
     pub const BEFORE_GATE: Level = Level(1);
     /// The highest level this build runs at.
-    pub const NEWEST: Level = Level(2);
+    pub const NEWEST: Level = Level(3);
 
     /// True when segments may be written compressed (`NSG3`).
     pub fn compresses_segments(self) -> bool {
         self >= Level(2)
+    }
+
+    /// True when settles and lease requests may be written as intents, and manifests
+    /// may record their outcomes (format 6; [`crate::partition::intent`]).
+    pub fn writes_intents(self) -> bool {
+        self >= Level(3)
     }
 }
 
@@ -143,11 +150,12 @@ mod tests {
     fn write_ids_carry_the_level_of_their_writer() {
         let uuid = "01a231a5253773409371a411e14bb806";
         let stamped = stamp_write(uuid);
-        assert_eq!(stamped, format!("g2-{uuid}"));
-        assert_eq!(write_stamp(&stamped), Some(Level(2)));
+        assert_eq!(stamped, format!("g{}-{uuid}", Level::NEWEST));
+        assert_eq!(write_stamp(&stamped), Some(Level::NEWEST));
+        assert_eq!(write_stamp(&format!("g2-{uuid}")), Some(Level(2)));
         assert_eq!(
             write_stamp(&stamp_write(&format!("repair-{uuid}"))),
-            Some(Level(2))
+            Some(Level::NEWEST)
         );
         // Bare ids: builds before the gate (UUIDv7 hex never starts with `g`).
         assert_eq!(write_stamp(uuid), None);

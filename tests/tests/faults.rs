@@ -119,6 +119,8 @@ struct Model {
     dead: Vec<String>,
     /// Payloads in the order their produce succeeded.
     order: Vec<String>,
+    /// Offsets whose ack was answered 204: never delivered again.
+    acked: HashSet<(u32, u64)>,
 }
 
 /// One operation of a step, with every random choice drawn before it runs.
@@ -138,6 +140,8 @@ enum Op {
         broker: usize,
         handle: String,
         action: Settle,
+        /// Where the handle's message is.
+        at: (u32, u64),
     },
 }
 
@@ -165,10 +169,24 @@ enum Outcome {
     /// Where a produce landed (`None`: it never succeeded), or why the answers disagree.
     Produced(Result<Option<(u32, u64)>, String>),
     Consumed(Vec<Delivery>),
-    Settled(Result<(), BrokerError>),
+    /// What a settle got, and whether the stored manifest showed it settled as it was
+    /// answered (an ack answered 204).
+    Settled(Result<(), BrokerError>, bool),
 }
 
-async fn run_op(brokers: &[Broker], op: &Op) -> Outcome {
+/// Whether the manifest in `raw` (the store beneath faults and freezes) has `at` settled.
+async fn settled_in(raw: &DynStore, (p, o): (u32, u64)) -> bool {
+    let key = format!("topics/f/{p}.manifest.json");
+    let Some(stored) = raw.get(&key).await.unwrap() else {
+        return false;
+    };
+    let m: serde_json::Value =
+        serde_json::from_slice(narad_shared::cas::open_json(&stored.data).unwrap()).unwrap();
+    let ahead = m["acked_ahead"].as_array().unwrap();
+    o < m["frontier"].as_u64().unwrap() || ahead.iter().any(|a| a.as_u64() == Some(o))
+}
+
+async fn run_op(brokers: &[Broker], raw: &DynStore, op: &Op) -> Outcome {
     match op {
         Op::Produce {
             payload,
@@ -213,7 +231,14 @@ async fn run_op(brokers: &[Broker], op: &Op) -> Outcome {
             broker,
             handle,
             action,
-        } => Outcome::Settled(brokers[*broker].settle("f", handle, *action).await),
+            at,
+        } => {
+            let r = brokers[*broker].settle("f", handle, *action).await;
+            // Checked the moment the ack is answered: nobody is answered before their
+            // operation is committed.
+            let committed = r.is_err() || *action != Settle::Ack || settled_in(raw, *at).await;
+            Outcome::Settled(r, committed)
+        }
     }
 }
 
@@ -225,6 +250,8 @@ fn fail(seed: u64, step: usize, what: String) -> ! {
 struct Run {
     seed: u64,
     profile: Profile,
+    /// The store beneath the faults and the freezes, for checks.
+    raw: DynStore,
     faulty: Arc<FaultStore>,
     clock: ManualClock,
     brokers: Vec<Broker>,
@@ -239,7 +266,8 @@ struct Run {
 
 impl Run {
     async fn new(seed: u64, profile: Profile) -> Self {
-        let faulty = FaultStore::new(Arc::new(MemoryStore::new()), FaultPlan::default(), seed);
+        let raw: DynStore = Arc::new(MemoryStore::new());
+        let faulty = FaultStore::new(raw.clone(), FaultPlan::default(), seed);
         let clock = ManualClock::new(1_000_000);
         let ids = Arc::new(SequentialIds::default());
         let opts = BrokerOptions {
@@ -277,6 +305,7 @@ impl Run {
         Self {
             seed,
             profile,
+            raw,
             faulty,
             clock,
             brokers,
@@ -335,7 +364,8 @@ impl Run {
         if free.is_empty() {
             return None;
         }
-        let handle = free[self.rng.gen_range(0..free.len())].handle.clone();
+        let held = free[self.rng.gen_range(0..free.len())];
+        let (handle, at) = (held.handle.clone(), held.at);
         taken.insert(handle.clone());
         let action = match self.rng.gen_range(0..10) {
             0 => Settle::Nack,
@@ -346,6 +376,7 @@ impl Run {
             broker,
             handle,
             action,
+            at,
         })
     }
 
@@ -406,10 +437,11 @@ impl Run {
         freeze: Option<(usize, u64, bool)>,
     ) -> Vec<Option<Outcome>> {
         let brokers = &self.brokers;
-        let runs =
-            futures::future::join_all(ops.iter().map(|op| async move {
-                tokio::time::timeout(HANG, run_op(brokers, op)).await.ok()
-            }));
+        let runs = futures::future::join_all(ops.iter().map(|op| async move {
+            tokio::time::timeout(HANG, run_op(brokers, &self.raw, op))
+                .await
+                .ok()
+        }));
         let freezer = async {
             if let Some((b, after_us, after_applying)) = freeze {
                 tokio::time::sleep(Duration::from_micros(after_us)).await;
@@ -461,7 +493,12 @@ impl Run {
                     self.delivered(now, d);
                 }
             }
-            (Op::Settle { handle, action, .. }, Outcome::Settled(r)) => {
+            (Op::Settle { handle, action, .. }, Outcome::Settled(r, committed)) => {
+                if !committed {
+                    self.fail(format!(
+                        "an ack of {handle} was answered before it was committed"
+                    ));
+                }
                 self.settled(now, &handle, action, r)
             }
             _ => unreachable!("outcomes match their operations"),
@@ -483,6 +520,11 @@ impl Run {
                     "{payload} produced at {p:?} was delivered from {at:?}"
                 ));
             }
+        }
+        if self.m.acked.contains(&at) {
+            self.fail(format!(
+                "{at:?} was delivered again after an ack answered 204"
+            ));
         }
         let m = &mut self.m;
         if let Some(other) = m
@@ -516,6 +558,10 @@ impl Run {
             Ok(()) => {
                 if !live && !held.maybe_gone {
                     self.fail("a lapsed lease was settled".into());
+                }
+                if action == Settle::Ack {
+                    let at = self.m.held[i].at;
+                    self.m.acked.insert(at);
                 }
                 if action == Settle::Extend {
                     self.m.held[i].deadline = now + VT;
@@ -684,7 +730,7 @@ impl Run {
 
 /// Runs one seed; returns (faults injected, acknowledged produces, produce batches other
 /// brokers committed).
-async fn run_seed(seed: u64, profile: Profile) -> (u64, usize, u64) {
+async fn run_seed(seed: u64, profile: Profile) -> (u64, usize, u64, u64) {
     let mut run = Run::new(seed, profile).await;
     for step in 0..profile.steps {
         run.step = step;
@@ -699,8 +745,14 @@ async fn run_seed(seed: u64, profile: Profile) -> (u64, usize, u64) {
     // Frozen brokers' calls hang forever; metrics are read before the drain.
     let combined =
         run.metric("narad_combined_by_others_total") + run.metric("narad_combining_sweeps_total");
+    let intents = run.metric("narad_intents_decided_by_others_total");
     run.drain_and_check().await;
-    (run.injected(), run.m.produced.len(), combined as u64)
+    (
+        run.injected(),
+        run.m.produced.len(),
+        combined as u64,
+        intents as u64,
+    )
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -712,7 +764,7 @@ async fn seeded_faults_keep_every_invariant() {
     let mut faults = 0;
     let mut produced = 0;
     for seed in seeds {
-        let (f, p, _) = run_seed(seed, SHORT).await;
+        let (f, p, _, _) = run_seed(seed, SHORT).await;
         faults += f;
         produced += p;
     }
@@ -727,7 +779,7 @@ async fn long_histories_under_faults_keep_every_invariant() {
         Err(_) => (101..=106).collect(),
     };
     for seed in seeds {
-        let (faults, produced, _) = run_seed(seed, LONG).await;
+        let (faults, produced, _, _) = run_seed(seed, LONG).await;
         println!("seed {seed}: {faults} faults over {produced} acknowledged produces");
     }
 }
@@ -738,17 +790,22 @@ async fn interleaved_brokers_that_freeze_keep_every_invariant() {
         Ok(s) => vec![s.parse().expect("NARAD_FAULT_SEED must be a number")],
         Err(_) => (201..=216).collect(),
     };
-    let mut combined = 0;
+    let (mut combined, mut intents) = (0, 0);
     for seed in seeds {
-        let (faults, produced, c) = run_seed(seed, INTERLEAVED).await;
+        let (faults, produced, c, i) = run_seed(seed, INTERLEAVED).await;
         println!(
-            "seed {seed}: {faults} faults over {produced} acknowledged produces, {c} combined"
+            "seed {seed}: {faults} faults over {produced} acknowledged produces, {c} combined, {i} intents applied by other brokers"
         );
         combined += c;
+        intents += i;
     }
     assert!(
         combined > 0,
         "the interleaved runs must combine produces across brokers"
+    );
+    assert!(
+        intents > 0,
+        "the interleaved runs must combine settles and leases across brokers"
     );
 }
 

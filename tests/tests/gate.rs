@@ -42,6 +42,9 @@ async fn server() -> Option<(Server, String)> {
     }
     let (url, dir) = narad_tests::test_store_url();
     let store = narad_shared::store::open(&url).await.unwrap();
+    // At level 1, as a store that builds before the gate used (a new one starts at the
+    // newest level).
+    put_sealed(&store, "system/fleet.json", &json!({"level": 1})).await;
     let s = Server::start_on(store, dir, quick(), TestClock::manual(now_ms())).await;
     Some((s, url))
 }
@@ -104,6 +107,8 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
         return;
     };
     s.create_topic("g", json!({})).await;
+    // A store of builds before the gate has topics and no fleet record.
+    s.store.delete("system/fleet.json").await.unwrap();
     s.produce("g", order(0)).await;
     // Level 1: what every build reads, however well it would compress.
     assert_eq!(newest_magic(&s.store, "g").await, "NSG1");
@@ -114,7 +119,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     };
     let last = stored(s.store.clone()).await["recent_writes"][0].clone();
     assert!(
-        last.as_str().unwrap().starts_with("g2-"),
+        last.as_str().unwrap().starts_with("g3-"),
         "writes carry the stamp: {last}"
     );
 
@@ -122,7 +127,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     assert!(ok);
     assert_eq!(
         (st["level"].as_u64(), st["this_build"].as_u64()),
-        (Some(1), Some(2))
+        (Some(1), Some(3))
     );
     assert_eq!(st["processes"].as_array().unwrap().len(), 1, "{st}");
     assert_eq!(kinds(&st), ["unconfirmed"], "{st}");
@@ -177,7 +182,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     )
     .await;
     assert!(ok, "{out} {err}");
-    assert_eq!(out, json!({"outcome": "raised", "level": 2}));
+    assert_eq!(out, json!({"outcome": "raised", "level": 3}));
     // The running server learns it at its next renewal (every second here).
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut i = 2;
@@ -199,11 +204,11 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     }
     let (ok, st, _) = upgrade(&url, &["status"]).await;
     assert!(ok);
-    assert_eq!(st["level"], 2);
+    assert_eq!(st["level"], 3);
     assert!(kinds(&st).is_empty(), "{st}");
     let (ok, out, _) = upgrade(&url, &["finalize"]).await;
-    assert!(ok && out["level"] == 2, "{out}");
-    // A process of this build started now writes level 2 at once.
+    assert!(ok && out["level"] == 3, "{out}");
+    // A process of this build started now writes level 3 at once.
     let other = Server::start_on(s.store.clone(), None, quick(), TestClock::manual(now_ms())).await;
     other.produce("g", order(99)).await;
     assert_eq!(newest_magic(&s.store, "g").await, "NSG3");
@@ -231,13 +236,13 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
     put_sealed(
         &s.store,
         fleet,
-        &json!({"level": 2, "raising": {"to": 3, "id": "x", "until_ms": now + 60_000}}),
+        &json!({"level": 3, "raising": {"to": 4, "id": "x", "until_ms": now + 60_000}}),
     )
     .await;
     match start().await {
         Err(e @ BrokerError::UpgradeRequired { .. }) => {
             assert!(
-                e.to_string().contains("fleet level being raised to 3"),
+                e.to_string().contains("fleet level being raised to 4"),
                 "{e}"
             )
         }
@@ -246,7 +251,7 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
     // The running one carries on: its record was there before the raise began.
     s.produce("old", "still").await;
     // The raise lands: a new process refuses, and `narad serve` says why.
-    put_sealed(&s.store, fleet, &json!({"level": 3})).await;
+    put_sealed(&s.store, fleet, &json!({"level": 4})).await;
     assert!(matches!(
         start().await,
         Err(BrokerError::UpgradeRequired { .. })
@@ -261,7 +266,7 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("fleet level 3"),
+        !out.status.success() && err.contains("fleet level 4"),
         "{err}"
     );
     // The running process stops serving at its next renewal.
@@ -286,10 +291,10 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // `narad upgrade` of this build will not raise past what it reads.
-    let (ok, out, _) = upgrade(&url, &["status", "--to", "4"]).await;
+    let (ok, out, _) = upgrade(&url, &["status", "--to", "5"]).await;
     assert!(ok);
-    assert_eq!(out["level"], 3);
-    // (the stopped process, which reads only level 2, still runs and still counts)
+    assert_eq!(out["level"], 4);
+    // (the stopped process, which reads only level 3, still runs and still counts)
     assert_eq!(kinds(&out)[0], "beyond_this_build", "{out}");
 }
 
@@ -350,4 +355,39 @@ async fn a_process_record_is_renewed_after_a_lost_answer_or_a_delete() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_store_starts_at_the_newest_level_and_one_with_topics_at_level_one() {
+    let join = |store: DynStore| async move {
+        Broker::new(
+            store,
+            std::sync::Arc::new(TestClock::manual(now_ms())),
+            std::sync::Arc::new(narad_shared::clock::RandomIds),
+            Vec::new(),
+            BrokerOptions::default(),
+        )
+        .await
+        .unwrap()
+    };
+    let fresh = narad_shared::store::open("memory://").await.unwrap();
+    let b = join(fresh.clone()).await;
+    assert_eq!(b.fleet_level(), narad_shared::formats::Level::NEWEST);
+    let o = fresh.get("system/fleet.json").await.unwrap().unwrap();
+    let v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+    assert_eq!(v["level"], narad_shared::formats::Level::NEWEST.0);
+    // A second process finds the record.
+    assert_eq!(
+        join(fresh).await.fleet_level(),
+        narad_shared::formats::Level::NEWEST
+    );
+
+    // Topics and no record: builds before the gate may be serving it.
+    let old = narad_shared::store::open("memory://").await.unwrap();
+    old.put_if_absent("topics/t/topic.json", bytes::Bytes::from_static(b"{}"))
+        .await
+        .unwrap();
+    let b = join(old.clone()).await;
+    assert_eq!(b.fleet_level(), narad_shared::formats::Level::BEFORE_GATE);
+    assert!(old.get("system/fleet.json").await.unwrap().is_none());
 }

@@ -129,8 +129,11 @@ impl Fleet {
         for f in files(self.dir.path().join("topics")) {
             if f.parent().is_some_and(|p| p.ends_with("segments")) {
                 let data = std::fs::read(&f).unwrap();
-                *out.entry(String::from_utf8_lossy(&data[..4]).into_owned())
-                    .or_default() += 1;
+                // Intents (level 3) are empty objects beside the segments.
+                let magic = data
+                    .get(..4)
+                    .map_or("intent".into(), String::from_utf8_lossy);
+                *out.entry(magic.into_owned()).or_default() += 1;
             }
         }
         out
@@ -304,16 +307,18 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
     }
     const PER_PRODUCER: u64 = 60;
     let f = Arc::new(Fleet::new());
+    // A deployment of the previous build, with a topic: the store is not new, so this
+    // build joins it at level 1 (a new store would start at the newest level).
     let (old, old_log) = f.previous().await;
-    let (cur, cur_log) = f.current().await;
-    let bases = Arc::new([old.base.clone(), cur.base.clone()]);
     let r = f
-        .req(reqwest::Method::PUT, &cur.base, "/v1/topics/mixed")
+        .req(reqwest::Method::PUT, &old.base, "/v1/topics/mixed")
         .body(r#"{"partitions":2,"visibility_timeout_ms":60000}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    let (cur, cur_log) = f.current().await;
+    let bases = Arc::new([old.base.clone(), cur.base.clone()]);
 
     // Two producers per build, and four consumers that consume through one build and ack
     // through the other, all at once.
@@ -383,25 +388,25 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         delivered, produced,
         "every produced message delivered once, as produced"
     );
-    // The gate held: nothing this build would write only at level 2.
+    // The gate held: nothing this build would write only at level 2 or 3.
     let magics = f.segment_magics();
     assert!(!magics.contains_key("NSG3"), "{magics:?}");
     assert!(f.manifest_formats().iter().all(|v| *v <= 5));
     assert_no_repair("the previous build", &old_log);
 
     // The previous build leaves; once its last write is out of the window, the operator
-    // confirms and the level rises; this build then writes level 2.
+    // confirms and the level rises; this build then writes the newer formats.
     old.kill().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (ok, out) = f
         .upgrade(&["finalize", "--window", "1s", "--confirm-old-builds-stopped"])
         .await;
     assert!(ok, "{out}");
-    assert_eq!(out["level"], 2);
+    assert_eq!(out["level"], 3);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut n = 100_000;
     while !f.segment_magics().contains_key("NSG3") {
-        assert!(Instant::now() < deadline, "level 2 never written");
+        assert!(Instant::now() < deadline, "NSG3 never written");
         f.produce(&cur.base, "mixed", &format!("m{n}"), order(n))
             .await;
         n += 1;

@@ -171,13 +171,13 @@ impl Broker {
     }
 
     /// The counters of combining produces across processes (commit/combine.rs).
-    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 5] {
+    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 7] {
         let s = &self.committer.stats;
         [
             (
                 "narad_combined_by_others_total",
                 "counter",
-                "Produce batches another process committed (combining).",
+                "Combining batches (produces, settles, leases) another process committed.",
                 s.landed_by_others.load(Ordering::Relaxed) as f64,
             ),
             (
@@ -201,8 +201,20 @@ impl Broker {
             (
                 "narad_combining_polls_total",
                 "counter",
-                "Manifest reads of produces waiting for another process's commit.",
+                "Manifest reads of combining batches waiting for another process's commit.",
                 s.polls.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_intents_written_total",
+                "counter",
+                "Settles and lease requests written as intents (combining, fleet level 3).",
+                s.intents.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_intents_decided_by_others_total",
+                "counter",
+                "Intents of this process that another process's commit applied.",
+                s.intents_by_others.load(Ordering::Relaxed) as f64,
             ),
         ]
     }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::combine::{Head, Ready};
+use super::combine::{Head, Listed, Own, Ready};
 use super::ordering::{self, KEY_ROUNDS};
 use super::repair::damaged;
 use super::upkeep::Upkeeper;
@@ -32,6 +32,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
 use crate::partition::combine::{self, Combinable, Status};
+use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
 use crate::partition::produce::{Plan, Unplaced};
 use crate::partition::{Layout, Manifest, Rules, SegmentRef};
@@ -92,14 +93,61 @@ impl Replies {
         }
     }
 
-    /// Answers a produce-only batch whose segment another process committed at `base`.
-    fn answer_landed(self, batch: &Batch, base: u64) {
+    /// Answers a combining batch that other processes' commits decided, as `state`
+    /// shows: its produces from its segment's base offset, its settles and leases from
+    /// the outcomes of its `own` intents.
+    pub(super) fn answer_decided(
+        self,
+        batch: &Batch,
+        base: Option<u64>,
+        own: &Own,
+        state: &Manifest,
+    ) {
         let mut next = base;
         for (tx, msgs) in self.produced.into_iter().zip(&batch.produces) {
             let n = msgs.len() as u64;
-            let _ = tx.send(Ok((next..next + n).collect()));
-            next += n;
+            let _ = tx.send(match next {
+                Some(b) => {
+                    next = Some(b + n);
+                    Ok((b..b + n).collect())
+                }
+                None => Err(BrokerError::Contention),
+            });
         }
+        answer_intents(self.settled, self.leased, &own.intents, state);
+    }
+
+    /// Answers a combining batch this process committed: its produces from `applied`,
+    /// its settles and leases from the outcomes of its `own` intents in `state`.
+    fn answer_own(
+        self,
+        applied: Applied,
+        refused: Option<&BrokerError>,
+        own: &[Intent],
+        state: &Manifest,
+    ) {
+        let layout = Arc::new(state.layout());
+        let Self {
+            produced,
+            settled,
+            leased,
+            compacted,
+            purged,
+        } = self;
+        let produces = Self {
+            produced,
+            ..Self::default()
+        };
+        produces.answer(applied, refused, layout);
+        answer_intents(settled, leased, own, state);
+        // A combining batch holds neither; should one slip in, it is not left hanging.
+        let e = BrokerError::Internal("not a combining operation".into());
+        Self {
+            compacted,
+            purged,
+            ..Self::default()
+        }
+        .fail(&e);
     }
 
     /// Answers every caller with `e`.
@@ -114,6 +162,52 @@ impl Replies {
         all(self.leased, e);
         all(self.compacted, e);
         all(self.purged, e);
+    }
+}
+
+/// Answers settles and lease requests from the outcomes `state` records of their intents
+/// (`own`: the settles' first, in order, then the lease requests'). One whose outcome is
+/// not recorded gets 503 (the outcome unknown). A lease answers only the grants `state`
+/// still shows held by it.
+fn answer_intents(
+    settled: Vec<oneshot::Sender<BrokerResult<()>>>,
+    leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
+    own: &[Intent],
+    state: &Manifest,
+) {
+    let outcome = |i: Option<&Intent>| match i.map(|i| intent::status(state, &i.id)) {
+        Some(IntentStatus::Decided(o)) => Some(o),
+        _ => None,
+    };
+    let n = settled.len();
+    for (k, tx) in settled.into_iter().enumerate() {
+        let r = outcome(own.get(k))
+            .and_then(|o| o.settle_result())
+            .map_or(Err(BrokerError::Contention), |r| {
+                r.map_err(BrokerError::from)
+            });
+        let _ = tx.send(r);
+    }
+    let layout = Arc::new(state.layout());
+    for (k, tx) in leased.into_iter().enumerate() {
+        let r = match outcome(own.get(n + k)).and_then(|o| o.lease_result()) {
+            Some(mut got) => {
+                let held = |g: &crate::partition::Grant| {
+                    state
+                        .leases
+                        .get(&g.offset)
+                        .is_some_and(|l| l.lease_id == g.lease_id)
+                };
+                got.grants.retain(held);
+                got.dead.retain(held);
+                Ok(LeaseAnswer {
+                    leased: got,
+                    layout: layout.clone(),
+                })
+            }
+            None => Err(BrokerError::Contention),
+        };
+        let _ = tx.send(r);
     }
 }
 
@@ -182,6 +276,10 @@ struct BatchCommit<'a> {
     combining: bool,
     /// Other processes' combinable segments, listed against manifest version `listed_at`.
     foreign: Vec<SegmentRef>,
+    /// Intents listed with them.
+    intents: Vec<Intent>,
+    /// This batch's own intents (its settles and leases, when it combines).
+    own: Vec<Intent>,
     listed_at: Option<u64>,
     /// Attempts so far (more than one: another process wrote meanwhile).
     attempts: u32,
@@ -251,14 +349,31 @@ impl Change<Manifest> for BatchCommit<'_> {
         // a race leaves the landing to the process that won it. Either way this attempt
         // lands nothing foreign, so it cannot keep losing races to a busy committer.
         let only_produces = self.batch.produces_only();
-        let sweep = only_produces && self.batch.produces.is_empty();
-        if (own_landed && only_produces) || (sweep && self.attempts > 1) {
+        let intents_done = self.check_own_intents(state).await;
+        let has_own = !self.batch.produces.is_empty() || !self.own.is_empty();
+        let own_done = has_own
+            && (own_landed || self.batch.produces.is_empty())
+            && intents_done
+            && only_produces;
+        let sweep = only_produces && !has_own;
+        if own_done || (sweep && self.attempts > 1) {
             self.foreign.clear();
+            self.intents.clone_from(&self.own);
             self.listed_at = Some(state.version);
         } else if self.combining && self.listed_at != Some(state.version) {
             let own = self.segment.as_ref().map(|s| s.id.as_str());
-            self.foreign = self.committer.list_combinable(self.q, state, own).await;
+            let listed = self.committer.list_combinable(self.q, state, own).await;
+            self.foreign = listed.segments;
+            self.intents = listed.intents;
+            self.intents.extend(self.own.iter().cloned());
             self.listed_at = Some(state.version);
+        } else if !self.own.is_empty() {
+            // Listed by the head against this very state: its own intents go with it.
+            for i in &self.own {
+                if !self.intents.iter().any(|l| l.id == i.id) {
+                    self.intents.push(i.clone());
+                }
+            }
         }
         // Upkeep rides on produces only (this batch's or other processes' it lands): they
         // are what makes a manifest grow, and a batch of settles or leases may well write
@@ -268,7 +383,13 @@ impl Change<Manifest> for BatchCommit<'_> {
             after.apply_retention(self.now, self.batch.rules.retention_ms);
             self.upkeeper.prepare(self.committer, self.q, &after).await;
         }
-        if self.batch.leases.iter().any(|op| op.rules.ordered) {
+        let lease_intents = self
+            .intents
+            .iter()
+            .any(|i| matches!(i.ask, Ask::Lease { .. }));
+        if self.batch.leases.iter().any(|op| op.rules.ordered)
+            || (self.batch.rules.ordered && lease_intents)
+        {
             self.read_keys(state).await;
         }
     }
@@ -285,6 +406,33 @@ impl Change<Manifest> for BatchCommit<'_> {
         self.plan = Some(plan);
         self.wrote = matches!(d, Decision::Commit(_));
         Ok(d)
+    }
+}
+
+/// Settles and lease requests one combining batch writes as intents at most; a bigger
+/// batch shares a commit among its own operations already and goes the ordinary way.
+pub(super) const MAX_OWN_INTENTS: usize = 8;
+
+impl Committer {
+    /// Whether `batch` may go the combining way ([`super::combine`]) when the partition
+    /// is contended: its produces (if any) are combinable, it holds no compaction or
+    /// purge, and its settles and lease requests (at fleet level 3 and up) are few
+    /// enough to be written as intents.
+    pub(super) fn combines(&self, batch: &Batch) -> bool {
+        let produces = batch.produces.is_empty() || combinable(batch);
+        if !produces || !batch.swaps.is_empty() || batch.purges > 0 {
+            return false;
+        }
+        let asks = batch.settles.len() + batch.leases.len();
+        if asks == 0 {
+            return !batch.produces.is_empty();
+        }
+        self.level.get().writes_intents()
+            && asks <= MAX_OWN_INTENTS
+            && batch
+                .leases
+                .iter()
+                .all(|l| (1..=MAX_LEASE_ASK).contains(&(l.max as u64)))
     }
 }
 
@@ -308,6 +456,7 @@ impl BatchCommit<'_> {
             segment: self.segment.as_ref(),
             found_at: self.found_at,
             foreign: &self.foreign,
+            intents: &self.intents,
             upkeep: &self.upkeeper.upkeep,
             keys: &self.keys,
         }
@@ -332,6 +481,31 @@ impl BatchCommit<'_> {
                 return;
             }
         }
+    }
+
+    /// Writes again each of this batch's own intents that `state` shows passed over (it
+    /// can never land); returns whether every one is decided in `state`.
+    async fn check_own_intents(&mut self, state: &Manifest) -> bool {
+        let mut done = true;
+        for i in 0..self.own.len() {
+            match intent::status(state, &self.own[i].id) {
+                IntentStatus::Decided(_) | IntentStatus::Unknown => {}
+                IntentStatus::Pending => done = false,
+                IntentStatus::Dead => {
+                    done = false;
+                    let ask = self.own[i].ask;
+                    let after = state.combined_through.as_str();
+                    if let Ok(again) = self.committer.write_intent(self.q, after, ask).await {
+                        self.committer
+                            .stats
+                            .rewritten
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.own[i] = again;
+                    }
+                }
+            }
+        }
+        done
     }
 
     /// If this batch's combinable segment is dead in `state` (it can never land), forgets
@@ -374,18 +548,18 @@ impl Committer {
     ) -> Option<Snapshot<Manifest>> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (batch, replies, topic_etag) = split(pending);
-        if !batch.produces.is_empty() {
-            lock(&q.state).sweep_with = Some((batch.rules, topic_etag.clone()));
-        }
-        let mut combining = combinable(&batch) && batch.produces_only() && self.contended(q);
+        // Sweeps commit under the rules of the last batch (retention, and the settles and
+        // leases of other processes' intents).
+        lock(&q.state).sweep_with = Some((batch.rules, topic_etag.clone()));
+        let mut combining = self.contended(q) && self.combines(&batch);
         let mut head = None;
         if combining {
             match self
                 .combine_head(q, &batch, &topic_etag, cache.take())
                 .await
             {
-                Ok(Head::Landed(base, snap)) => {
-                    replies.answer_landed(&batch, base);
+                Ok(Head::Decided(snap, base, own)) => {
+                    replies.answer_decided(&batch, base, &own, &snap.value);
                     self.wakers.wake(&q.topic);
                     return Some(snap);
                 }
@@ -395,7 +569,7 @@ impl Committer {
                     self.start_sweeping(q);
                 }
                 Ok(Head::Direct(snap)) => cache = snap,
-                Ok(Head::Corrupt(segment, plan)) => {
+                Ok(Head::Corrupt(own)) => {
                     let repaired = match self.self_repair(q, &batch.rules).await {
                         true => self.read_manifest(q).await,
                         false => Err(BrokerError::Corrupt(q.key.clone())),
@@ -404,9 +578,8 @@ impl Committer {
                         Ok(snap) => {
                             cache = Some(snap.clone());
                             head = Some(Ready {
-                                segment: Some(segment),
-                                plan: Some(plan),
-                                foreign: Vec::new(),
+                                own,
+                                listed: Listed::default(),
                                 snap,
                             });
                         }
@@ -467,6 +640,8 @@ impl Committer {
             wrote: false,
             combining,
             foreign: Vec::new(),
+            intents: Vec::new(),
+            own: Vec::new(),
             listed_at: None,
             attempts: 0,
             found_at: None,
@@ -474,10 +649,20 @@ impl Committer {
             keys: std::mem::take(&mut lock(&q.state).keys),
         };
         if let Some(h) = head {
-            change.segment = h.segment;
-            change.written_for = h.plan;
-            change.foreign = h.foreign;
+            (change.segment, change.written_for) = h
+                .own
+                .segment
+                .map_or((None, None), |(s, p)| (Some(s), Some(p)));
+            change.foreign = h.listed.segments;
+            change.intents = h.listed.intents;
             change.listed_at = Some(h.snap.value.version);
+            if !h.own.intents.is_empty() {
+                // The batch's settles and leases are intents now: applied as listed ones,
+                // answered from what the manifest records of them.
+                change.batch.settles.clear();
+                change.batch.leases.clear();
+                change.own = h.own.intents;
+            }
         }
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let mut result = cell.update_cached(&mut cache, &mut change).await;
@@ -500,20 +685,30 @@ impl Committer {
         match result {
             Ok((mut applied, snap)) => {
                 span.record("version", snap.value.version);
+                let own = &change.own;
+                let foreign_intents = applied
+                    .decided
+                    .iter()
+                    .filter(|(id, _)| !own.iter().any(|o| o.id == *id))
+                    .count();
                 if change.wrote {
                     self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                    let n = (replies.len() + applied.landed_foreign) as u64;
+                    let n = (replies.len() + applied.landed_foreign + foreign_intents) as u64;
                     self.stats.committed_ops.fetch_add(n, Ordering::Relaxed);
                 }
                 let (dropped, wake) = (std::mem::take(&mut applied.dropped), applied.wake);
                 let chunks = std::mem::take(&mut applied.dropped_chunks);
                 let landed = if change.wrote {
-                    applied.landed_foreign
+                    applied.landed_foreign + foreign_intents
                 } else {
                     0
                 };
                 let layout = Arc::new(snap.value.layout());
-                replies.answer(applied, change.refused.as_ref(), layout);
+                if change.own.is_empty() {
+                    replies.answer(applied, change.refused.as_ref(), layout);
+                } else {
+                    replies.answer_own(applied, change.refused.as_ref(), &change.own, &snap.value);
+                }
                 self.delete_expired(q, dropped, chunks).await;
                 if let Some(expired) = snap.value.wants_checkpoint().filter(|_| change.wrote) {
                     self.write_checkpoint(q, &snap.value, expired).await;

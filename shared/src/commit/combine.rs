@@ -45,9 +45,11 @@ use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::index::{Entries, Index};
+use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
-use crate::store::ETag;
+use crate::store::{ETag, StoreError};
+use bytes::Bytes;
 
 /// How long a partition counts as contended after the last sign of another writer.
 pub(super) const CONTENDED_FOR: Duration = Duration::from_secs(5);
@@ -71,27 +73,49 @@ pub(super) const FOLDED_LOOKUP: usize = 4;
 /// Most segments one listing (so one commit) lands.
 pub(super) const MAX_LANDING: usize = 256;
 
-/// A combining commit ready to go: the batch's segment and the plan it was written for
-/// (none for a sweep), the other processes' segments to land with it, and the manifest it
-/// listed against.
+/// What a listing of the partition's `segments/` prefix found pending: other processes'
+/// combinable segments and intents (this process's own among the intents), oldest first.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Listed {
+    pub segments: Vec<SegmentRef>,
+    pub intents: Vec<Intent>,
+}
+
+impl Listed {
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty() && self.intents.is_empty()
+    }
+}
+
+/// A combining batch's own writes: its segment with the plan it was written for (when it
+/// has produces) and one intent per settle and lease request, settles first, each in the
+/// batch's order.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Own {
+    pub segment: Option<(SegmentRef, Plan)>,
+    pub intents: Vec<Intent>,
+}
+
+/// A combining commit ready to go: the batch's own writes, what the listing found pending
+/// besides them, and the manifest it listed against.
 pub(crate) struct Ready {
-    pub segment: Option<SegmentRef>,
-    pub plan: Option<Plan>,
-    pub foreign: Vec<SegmentRef>,
+    pub own: Own,
+    pub listed: Listed,
     pub snap: Snapshot<Manifest>,
 }
 
 /// How a combining batch goes on.
 pub(super) enum Head {
-    /// Another process committed the segment at this base offset.
-    Landed(u64, Snapshot<Manifest>),
+    /// Other processes' commits decided every operation, as this snapshot shows (the
+    /// segment's base offset, when the batch has one, is the second field).
+    Decided(Snapshot<Manifest>, Option<u64>, Own),
     /// This process commits (see [`Ready`]).
     Commit(Ready),
     /// The ordinary path (the manifest does not exist yet), from this snapshot.
     Direct(Option<Snapshot<Manifest>>),
-    /// The manifest turned out corrupt after this batch's segment (planned by this plan)
-    /// was written: repair, then commit it (a rebuild may have taken it in already).
-    Corrupt(SegmentRef, Plan),
+    /// The manifest turned out corrupt after the batch's own objects were written:
+    /// repair, then commit them (a rebuild may have taken its segment in already).
+    Corrupt(Own),
 }
 
 /// How long to wait before reading the manifest: first two and a half store round trips
@@ -119,32 +143,71 @@ impl Committer {
         lock(&q.state).contended_until = Some(Instant::now() + CONTENDED_FOR);
     }
 
-    /// Other processes' combinable segments still pending in `state`, listed from the
-    /// store (one LIST), oldest first; none when the listing fails. Segments too old to
-    /// commit safely (garbage collection may take them) are left out.
+    /// The combinable segments of other processes and the intents still pending in
+    /// `state`, listed from the store (one LIST), oldest first; none when the listing
+    /// fails. Objects too old to commit safely (garbage collection may take them), or
+    /// older than the topic (an earlier topic's of the same name), are left out.
     pub(super) async fn list_combinable(
         &self,
         q: &Queue,
         state: &Manifest,
         own: Option<&str>,
-    ) -> Vec<SegmentRef> {
+    ) -> Listed {
         let prefix = keys::segments_prefix(&q.topic, q.partition);
         let Ok(keys) = self
             .store
             .list_after(&prefix, &state.combined_through, MAX_LANDING)
             .await
         else {
-            return Vec::new();
+            return Listed::default();
         };
         let now = self.clock.now_ms();
-        keys.iter()
-            .filter_map(|k| k.strip_prefix(&prefix))
-            .filter(|id| Some(*id) != own)
-            .filter_map(Combinable::parse)
-            .filter(|c| now.saturating_sub(c.written_ms) <= MAX_SEGMENT_AGE_AT_COMMIT_MS)
-            .filter(|c| combine::status(state, &c.id) == Status::Pending)
-            .map(|c| c.to_ref())
-            .collect()
+        let fresh = |written: u64| {
+            now.saturating_sub(written) <= MAX_SEGMENT_AGE_AT_COMMIT_MS
+                && written >= q.created_at_ms
+        };
+        let mut listed = Listed::default();
+        for id in keys.iter().filter_map(|k| k.strip_prefix(&prefix)) {
+            if Some(id) == own {
+                continue;
+            }
+            if let Some(c) = Combinable::parse(id) {
+                if fresh(c.written_ms) && combine::status(state, &c.id) == Status::Pending {
+                    listed.segments.push(c.to_ref());
+                }
+            } else if let Some(i) = Intent::parse(id) {
+                if fresh(i.written_ms) && intent::status(state, &i.id) == IntentStatus::Pending {
+                    listed.intents.push(i);
+                }
+            }
+        }
+        listed
+    }
+
+    /// Writes an intent asking `ask` above `after` (the `combined_through` this process
+    /// knows): one PUT of an empty object, tried twice when the answer is lost (a
+    /// conflict on the second try is the first one having landed).
+    pub(super) async fn write_intent(
+        &self,
+        q: &Queue,
+        after: &str,
+        ask: Ask,
+    ) -> BrokerResult<Intent> {
+        let id = Intent::id(self.clock.now_ms(), after, &self.ids.new_id(), ask);
+        let key = keys::segment(&q.topic, q.partition, &id);
+        let intent = Intent::parse(&id)
+            .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
+        self.stats.intents.fetch_add(1, Ordering::Relaxed);
+        match self.store.put_if_absent(&key, Bytes::new()).await {
+            Ok(_) => Ok(intent),
+            Err(StoreError::Unavailable(_)) => {
+                match self.store.put_if_absent(&key, Bytes::new()).await {
+                    Ok(_) | Err(StoreError::Conflict) => Ok(intent),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The fate of this process's combinable segment `id` in `state`: as
@@ -201,8 +264,8 @@ impl Committer {
         st.idle_sweeps = 0;
     }
 
-    /// One sweep: lists the pending combinable segments and lands them in one CAS.
-    /// Returns the snapshot to cache and whether anything was pending.
+    /// One sweep: lists the pending combinable segments and intents and lands them in
+    /// one CAS. Returns the snapshot to cache and whether anything was pending.
     pub(super) async fn sweep(
         &self,
         q: &Queue,
@@ -212,15 +275,14 @@ impl Committer {
         let (Some(snap), Some((rules, topic_etag))) = (cache, with) else {
             return (None, false);
         };
-        let foreign = self.list_combinable(q, &snap.value, None).await;
-        if foreign.is_empty() {
+        let listed = self.list_combinable(q, &snap.value, None).await;
+        if listed.is_empty() {
             return (Some(snap), false);
         }
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let ready = Ready {
-            segment: None,
-            plan: None,
-            foreign,
+            own: Own::default(),
+            listed,
             snap: snap.clone(),
         };
         let (cache, landed) = self
@@ -243,11 +305,59 @@ impl Committer {
         (cache, landed > 0)
     }
 
-    /// Steps 1 to 3 of the module documentation for a produce-only `batch` without
-    /// idempotency keys, starting from `cache` (or a fresh read).
+    /// Where this batch's own writes stand in `state` (see [`fate`]).
+    async fn own_fate(&self, q: &Queue, state: &Manifest, own: &Own) -> Fate {
+        let segment = match &own.segment {
+            Some((seg, _)) => Some(self.segment_status(q, state, &seg.id).await),
+            None => None,
+        };
+        let intents: Vec<IntentStatus> = own
+            .intents
+            .iter()
+            .map(|i| intent::status(state, &i.id))
+            .collect();
+        fate(segment, &intents)
+    }
+
+    /// Writes the batch's segment again (deleting the dead one first) and each of its
+    /// dead intents again, above `after`.
+    async fn rewrite(
+        &self,
+        q: &Queue,
+        batch: &Batch,
+        topic_etag: &ETag,
+        own: &mut Own,
+        (dead_segment, dead_intents): (bool, &[usize]),
+        after: &str,
+    ) -> BrokerResult<()> {
+        self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
+        if dead_segment {
+            if let Some((seg, plan)) = own.segment.take() {
+                // It never lands: deleted before it is written again, so a rebuild from
+                // segments (which cannot tell a dead one from a pending one) never finds
+                // two copies of these produces.
+                let dead = keys::segment(&q.topic, q.partition, &seg.id);
+                self.store.delete(&dead).await?;
+                let messages = plan.new_messages(&batch.produces);
+                let seg = self
+                    .write_segment(q, topic_etag, messages, Some(after))
+                    .await?;
+                own.segment = Some((seg, plan));
+            }
+        }
+        for &i in dead_intents {
+            let ask = own.intents[i].ask;
+            own.intents[i] = self.write_intent(q, after, ask).await?;
+        }
+        Ok(())
+    }
+
+    /// Steps 1 to 3 of the module documentation for a combining `batch`, starting from
+    /// `cache` (or a fresh read): its segment and intents are written, then it waits for
+    /// a commit that decides them all, or commits itself.
     ///
-    /// Errors: the segment write's or the store's failure; [`BrokerError::Contention`]
-    /// when the segment's fate can no longer be told (the caller answers 503).
+    /// Errors: a write's or the store's failure; [`BrokerError::Contention`] when the
+    /// fate of a write can no longer be told (the caller answers 503).
     pub(super) async fn combine_head(
         &self,
         q: &Queue,
@@ -263,19 +373,9 @@ impl Committer {
         if snap.etag.is_none() {
             return Ok(Head::Direct(Some(snap)));
         }
-        let plan = Plan::new(&batch.produces, &snap.value, self.clock.now_ms(), &|_| None);
-        let messages = plan.new_messages(&batch.produces);
-        let write = |after: String| {
-            let messages = messages.clone();
-            async move {
-                let started = Instant::now();
-                let seg = self
-                    .write_segment(q, topic_etag, messages, Some(&after))
-                    .await?;
-                Ok::<_, BrokerError>((seg, started.elapsed()))
-            }
-        };
-        let (mut segment, mut round_trip) = write(snap.value.combined_through.clone()).await?;
+        let started = Instant::now();
+        let mut own = self.write_own(q, batch, topic_etag, &snap.value).await?;
+        let mut round_trip = started.elapsed();
         let committer = lock(&q.state).sweeping;
         let mut listed = None;
         let mut round = 0;
@@ -285,62 +385,227 @@ impl Committer {
             self.stats.polls.fetch_add(1, Ordering::Relaxed);
             let unchanged = match cell.refresh::<BrokerError>(&mut snap).await {
                 Ok(u) => u,
-                Err(e) if super::repair::damaged(&e) => return Ok(Head::Corrupt(segment, plan)),
+                Err(e) if super::repair::damaged(&e) => return Ok(Head::Corrupt(own)),
                 Err(e) => return Err(e.into()),
             };
             if !unchanged {
                 self.mark_contended(q);
             }
-            match self.segment_status(q, &snap.value, &segment.id).await {
-                Status::Landed(base) => {
+            match self.own_fate(q, &snap.value, &own).await {
+                Fate::Decided(base) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Head::Landed(base, snap));
+                    let n = own.intents.len() as u64;
+                    self.stats.intents_by_others.fetch_add(n, Ordering::Relaxed);
+                    return Ok(Head::Decided(snap, base, own));
                 }
-                Status::Pending if unchanged => {
+                Fate::Unknown => return Err(BrokerError::Contention),
+                Fate::Waiting {
+                    dead_segment,
+                    dead_intents,
+                } if dead_segment || !dead_intents.is_empty() => {
+                    let started = Instant::now();
+                    let after = snap.value.combined_through.clone();
+                    let dead = (dead_segment, &dead_intents[..]);
+                    self.rewrite(q, batch, topic_etag, &mut own, dead, &after)
+                        .await?;
+                    round_trip = started.elapsed();
+                }
+                Fate::Waiting { .. } if unchanged => {
                     // Nobody committed meanwhile: the oldest pending writer takes over.
-                    let foreign = self
-                        .list_combinable(q, &snap.value, Some(&segment.id))
-                        .await;
-                    let now = self.clock.now_ms();
-                    let older = foreign.iter().any(|f| {
-                        f.id < segment.id && now.saturating_sub(f.last_produced_ms) < ABANDON_MS
-                    });
-                    if !older {
-                        listed = Some(foreign);
+                    let own_seg = own.segment.as_ref().map(|(s, _)| s.id.as_str());
+                    let found = self.list_combinable(q, &snap.value, own_seg).await;
+                    if !older_pending(&found, &own, self.clock.now_ms()) {
+                        listed = Some(found);
                         break;
                     }
                 }
-                Status::Pending => {}
-                Status::Dead => {
-                    self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
-                    // It never lands: deleted before it is written again, so a rebuild
-                    // from segments (which cannot tell a dead one from a pending one)
-                    // never finds two copies of these produces.
-                    let dead = keys::segment(&q.topic, q.partition, &segment.id);
-                    self.store.delete(&dead).await?;
-                    (segment, round_trip) = write(snap.value.combined_through.clone()).await?;
-                }
-                Status::Unknown => return Err(BrokerError::Contention),
+                Fate::Waiting { .. } => {}
             }
         }
         if !committer {
             self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
         }
-        let foreign = match listed {
-            Some(f) => f,
+        let listed = match listed {
+            Some(l) => l,
             None => {
-                self.list_combinable(q, &snap.value, Some(&segment.id))
-                    .await
+                let own_seg = own.segment.as_ref().map(|(s, _)| s.id.as_str());
+                self.list_combinable(q, &snap.value, own_seg).await
             }
         };
-        if !foreign.is_empty() {
+        if listed.segments.len() + listed.intents.len() > own.intents.len() {
             self.mark_contended(q);
         }
-        Ok(Head::Commit(Ready {
-            segment: Some(segment),
-            plan: Some(plan),
-            foreign,
-            snap,
-        }))
+        Ok(Head::Commit(Ready { own, listed, snap }))
+    }
+
+    /// Writes `batch`'s segment (when it has produces) and its intents at once, above
+    /// the `combined_through` of `state`.
+    async fn write_own(
+        &self,
+        q: &Queue,
+        batch: &Batch,
+        topic_etag: &ETag,
+        state: &Manifest,
+    ) -> BrokerResult<Own> {
+        let after = state.combined_through.as_str();
+        let segment = async {
+            if batch.produces.is_empty() {
+                return Ok(None);
+            }
+            let plan = Plan::new(&batch.produces, state, self.clock.now_ms(), &|_| None);
+            let messages = plan.new_messages(&batch.produces);
+            let seg = self
+                .write_segment(q, topic_etag, messages, Some(after))
+                .await?;
+            Ok::<_, BrokerError>(Some((seg, plan)))
+        };
+        let intents =
+            futures::future::try_join_all(asks(batch).map(|ask| self.write_intent(q, after, ask)));
+        let (segment, intents) = futures::join!(segment, intents);
+        Ok(Own {
+            segment: segment?,
+            intents: intents?,
+        })
+    }
+}
+
+/// The intents a combining batch writes: one per settle, then one per lease request.
+pub(super) fn asks(batch: &Batch) -> impl Iterator<Item = Ask> + '_ {
+    let settles = batch.settles.iter().map(|op| Ask::Settle {
+        offset: op.offset,
+        lease_id: op.lease_id,
+        action: op.action,
+    });
+    let leases = batch.leases.iter().map(|op| Ask::Lease {
+        max: u32::try_from(op.max).unwrap_or(u32::MAX),
+        max_bytes: op.max_bytes,
+    });
+    settles.chain(leases)
+}
+
+/// Where a combining batch's own writes stand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Fate {
+    /// Every one was decided (the segment, if any, at this base offset).
+    Decided(Option<u64>),
+    /// Some are pending; these were passed over and must be written again.
+    Waiting {
+        dead_segment: bool,
+        dead_intents: Vec<usize>,
+    },
+    /// The fate of one can no longer be told.
+    Unknown,
+}
+
+/// The [`Fate`] of a batch whose segment has `segment` status (`None`: no segment) and
+/// whose intents have `intents`.
+pub(super) fn fate(segment: Option<Status>, intents: &[IntentStatus]) -> Fate {
+    let mut dead_segment = false;
+    let mut waiting = false;
+    let mut base = None;
+    match segment {
+        Some(Status::Landed(b)) => base = Some(b),
+        Some(Status::Pending) => waiting = true,
+        Some(Status::Dead) => dead_segment = true,
+        Some(Status::Unknown) => return Fate::Unknown,
+        None => {}
+    }
+    let mut dead_intents = Vec::new();
+    for (i, s) in intents.iter().enumerate() {
+        match s {
+            IntentStatus::Decided(_) => {}
+            IntentStatus::Pending => waiting = true,
+            IntentStatus::Dead => dead_intents.push(i),
+            IntentStatus::Unknown => return Fate::Unknown,
+        }
+    }
+    if waiting || dead_segment || !dead_intents.is_empty() {
+        Fate::Waiting {
+            dead_segment,
+            dead_intents,
+        }
+    } else {
+        Fate::Decided(base)
+    }
+}
+
+/// Whether `found` holds another process's pending write older than every one of `own`
+/// and written within [`ABANDON_MS`] of `now`: its writer takes over first.
+fn older_pending(found: &Listed, own: &Own, now: u64) -> bool {
+    let oldest_own = own
+        .segment
+        .iter()
+        .map(|(s, _)| s.id.as_str())
+        .chain(own.intents.iter().map(|i| i.id.as_str()))
+        .min()
+        .unwrap_or("");
+    let mine = |id: &str| own.intents.iter().any(|i| i.id == id);
+    let recent = |t: u64| now.saturating_sub(t) < ABANDON_MS;
+    found
+        .segments
+        .iter()
+        .map(|s| (s.id.as_str(), s.last_produced_ms))
+        .chain(found.intents.iter().map(|i| (i.id.as_str(), i.written_ms)))
+        .any(|(id, t)| id < oldest_own && !mine(id) && recent(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::intent::Outcome;
+
+    #[test]
+    fn a_batch_is_decided_only_when_all_its_writes_are() {
+        let done = IntentStatus::Decided(Outcome::Done);
+        assert_eq!(fate(None, std::slice::from_ref(&done)), Fate::Decided(None));
+        assert_eq!(
+            fate(Some(Status::Landed(7)), std::slice::from_ref(&done)),
+            Fate::Decided(Some(7))
+        );
+        assert_eq!(
+            fate(
+                Some(Status::Landed(7)),
+                &[done.clone(), IntentStatus::Pending]
+            ),
+            Fate::Waiting {
+                dead_segment: false,
+                dead_intents: vec![]
+            }
+        );
+        assert_eq!(
+            fate(Some(Status::Dead), &[IntentStatus::Dead, done.clone()]),
+            Fate::Waiting {
+                dead_segment: true,
+                dead_intents: vec![0]
+            }
+        );
+        assert_eq!(
+            fate(Some(Status::Pending), &[IntentStatus::Unknown]),
+            Fate::Unknown
+        );
+        assert_eq!(fate(Some(Status::Unknown), &[done]), Fate::Unknown);
+    }
+
+    #[test]
+    fn only_an_older_recent_write_of_another_process_is_deferred_to() {
+        let ask = Ask::Lease {
+            max: 1,
+            max_bytes: 1,
+        };
+        let at = |t: u64, u: &str| Intent::parse(&Intent::id(t, "", u, ask)).unwrap();
+        let own = Own {
+            segment: None,
+            intents: vec![at(5_000, "me")],
+        };
+        let found = |i: Intent| Listed {
+            segments: vec![],
+            intents: vec![i],
+        };
+        assert!(older_pending(&found(at(4_900, "them")), &own, 5_100));
+        // Quiet for longer than ABANDON_MS: maybe gone.
+        assert!(!older_pending(&found(at(3_000, "them")), &own, 5_100));
+        // Younger than ours, or ours.
+        assert!(!older_pending(&found(at(5_001, "them")), &own, 5_100));
+        assert!(!older_pending(&found(own.intents[0].clone()), &own, 5_100));
     }
 }

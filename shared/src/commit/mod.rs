@@ -209,8 +209,12 @@ pub struct CommitStats {
     pub polls: AtomicU64,
     /// Waiting combining writers that committed themselves (nobody else was).
     pub takeovers: AtomicU64,
-    /// Sweeps that landed other processes' segments.
+    /// Sweeps that landed other processes' segments or intents.
     pub sweeps: AtomicU64,
+    /// Settles and lease requests written as intents.
+    pub intents: AtomicU64,
+    /// Intents of this process another process's commit applied.
+    pub intents_by_others: AtomicU64,
 }
 
 /// The per-process group committer. Shared behind an `Arc`.

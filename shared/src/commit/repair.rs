@@ -26,6 +26,7 @@ use crate::cas::{CasError, Cell, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::index::{Entries, IndexRef};
+use crate::partition::intent::Intent;
 use crate::partition::rebuild::{self, Evidence, Report};
 use crate::partition::{Manifest, Rules, SegmentRef};
 use crate::store::{ETag, StoreError};
@@ -321,6 +322,11 @@ impl Committer {
             let id = k.rsplit('/').next().unwrap_or_default().to_owned();
             // Named, or left over from an earlier topic of the same name.
             if named.contains(&id) || keys::segment_time(&id).unwrap_or(0) < t.created_at_ms {
+                continue;
+            }
+            // An intent holds no messages: only its id matters, as decided.
+            if Intent::parse(&id).is_some() {
+                ev.newest_intent = ev.newest_intent.max(id);
                 continue;
             }
             match reader.segment(t.topic, t.partition, &id).await {

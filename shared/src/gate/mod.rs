@@ -237,8 +237,11 @@ impl Gate {
             object: keys::FLEET.to_owned(),
             newer,
         };
-        let level =
-            admit(read_fleet(store).await?.as_ref(), Level::NEWEST, now, true).map_err(refuse)?;
+        let mut fleet = read_fleet(store).await?;
+        if fleet.is_none() {
+            fleet = bootstrap(store, now).await?;
+        }
+        let level = admit(fleet.as_ref(), Level::NEWEST, now, true).map_err(refuse)?;
         let record = ProcessRecord {
             build: build_name(),
             newest: Level::NEWEST,
@@ -403,6 +406,37 @@ fn host_name() -> String {
         .or_else(|_| std::fs::read_to_string("/proc/sys/kernel/hostname"))
         .map(|h| h.trim().chars().take(64).collect())
         .unwrap_or_default()
+}
+
+/// A new store starts at the newest level, as a new Kafka cluster starts at the newest
+/// `metadata.version`: when it holds no topic and no process record, no build that reads
+/// less can have anything to misread, so this build writes the fleet record at
+/// [`Level::NEWEST`] (if nobody wrote one meanwhile) and returns what is stored then.
+/// A store with topics and no record stays at level 1: builds before the gate may serve
+/// it unseen (docs/upgrades.md).
+///
+/// Errors: store failures.
+async fn bootstrap(store: &DynStore, now: u64) -> BrokerResult<Option<FleetRecord>> {
+    let topics = store.list_after(keys::TOPICS_PREFIX, "", 1).await?;
+    let processes = store.list_after(keys::PROCESSES_PREFIX, "", 1).await?;
+    if !topics.is_empty() || !processes.is_empty() {
+        return Ok(None);
+    }
+    let record = FleetRecord {
+        level: Level::NEWEST,
+        raised_at_ms: now,
+        raised_by: format!("{} (a new store)", build_name()),
+        raising: None,
+        unknown: Map::new(),
+    };
+    match store.put_if_absent(keys::FLEET, encode(&record)?).await {
+        Ok(_) => {
+            tracing::info!(level = %Level::NEWEST, "a new store: the fleet starts at the newest level");
+            Ok(Some(record))
+        }
+        Err(StoreError::Conflict | StoreError::Unavailable(_)) => read_fleet(store).await,
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The fleet record as stored; `None` if there is none (level 1).

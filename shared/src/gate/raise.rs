@@ -489,7 +489,11 @@ mod tests {
             None
         );
         // This build's writes block a raise beyond it.
-        assert!(recent_write("t", 0, &[ours], 0, three).is_some());
+        let beyond = Level(Level::NEWEST.0 + 1);
+        assert!(recent_write("t", 0, &[ours], 0, beyond).is_some());
+        // A level-2 build's writes block a raise to 3.
+        let level_two = format!("g2-{}", at(now - 10));
+        assert!(recent_write("t", 0, &[level_two], 0, three).is_some());
         // A write of unknown time counts as recent.
         assert!(recent_write("t", 0, &["id-000001".into()], now, two).is_some());
     }

@@ -6,9 +6,15 @@
 //! 2. produces, so leases in the same batch can see the new messages: combinable segments
 //!    (this batch's and other processes' listed ones) land in id order ([`super::combine`]),
 //!    any other segment of this batch is placed after them;
-//! 3. settles, which may free in-flight room for the leases;
-//! 4. leases, lowest available offsets first, one cursor for the whole batch;
+//! 3. settles, which may free in-flight room for the leases, then the listed settle
+//!    intents in id order ([`super::intent`]);
+//! 4. leases, lowest available offsets first, one cursor for the whole batch, then the
+//!    listed lease intents in id order;
 //! 5. compaction swaps.
+//!
+//! Every listed intent still pending in the state the batch starts from is applied, and
+//! its outcome recorded in the manifest, whatever it is (a refused settle too: its writer
+//! must learn it).
 //!
 //! [`apply`] is pure: the committer calls it again on every CAS attempt. It answers
 //! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
@@ -17,6 +23,7 @@ use super::combine::{self, Combinable, Status};
 use super::compact::{self, Swap};
 use super::dedup::{self, Spill};
 use super::index::{self, Fold, Merge};
+use super::intent::{self, Ask, Intent, Outcome};
 use super::lease::{self, Cursor, Keys, Leased};
 use super::produce::{self, NewStored, Plan, Unplaced};
 use super::settle::{self, Refused, Settle};
@@ -109,6 +116,8 @@ pub struct Applied {
     pub wake: bool,
     /// Other processes' segments this batch landed.
     pub landed_foreign: usize,
+    /// The listed intents this batch applied, with their outcomes, in id order.
+    pub decided: Vec<(String, Outcome)>,
     /// Per-key ordering: the first offset whose key the leases needed and `keys` lacked.
     pub wants_key: Option<u64>,
 }
@@ -138,6 +147,8 @@ pub struct Written<'a> {
     pub found_at: Option<u64>,
     /// Combinable segments other processes wrote, listed from the store.
     pub foreign: &'a [SegmentRef],
+    /// Intents listed from the store (this process's own among them).
+    pub intents: &'a [Intent],
     /// Index objects written for this attempt.
     pub upkeep: &'a Upkeep,
     /// Message keys read for per-key ordering.
@@ -151,6 +162,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         segment,
         found_at,
         foreign,
+        intents,
         upkeep,
         keys,
     } = written;
@@ -178,6 +190,14 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     // not worth a write (and a refused settle must change nothing).
     let mut changed = out.dropped != Dropped::default() || out.upkept != (false, false) || spilled;
     let dedup = batch.rules.dedup_window_ms;
+    // Decided by the state the batch starts from: landing segments raises
+    // `combined_through`, which must not make a listed intent look passed over.
+    let mut pending: Vec<&Intent> = intents
+        .iter()
+        .filter(|i| intent::status(m, &i.id) == intent::Status::Pending)
+        .collect();
+    pending.sort_by(|a, b| a.id.cmp(&b.id));
+    pending.dedup_by(|a, b| a.id == b.id);
     let (base, placed, landed_foreign) = place_segments(m, segment, foreign);
     let base = base.or(found_at);
     out.landed_foreign = landed_foreign;
@@ -194,14 +214,45 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
         }
         out.settled.push(r);
     }
-    let ordered = batch.leases.iter().any(|op| op.rules.ordered);
+    for i in &pending {
+        if let Ask::Settle {
+            offset,
+            lease_id,
+            action,
+        } = i.ask
+        {
+            let r = settle::settle(m, now, &batch.rules, offset, lease_id, action);
+            out.wake |= r.is_ok() && !matches!(action, Settle::Extend | Settle::ExtendFor(_));
+            out.decided.push((i.id.clone(), Outcome::settled(r)));
+        }
+    }
+    let ordered = batch.rules.ordered || batch.leases.iter().any(|op| op.rules.ordered);
     let mut cursor = Cursor::new(m, now, ordered);
     for op in &batch.leases {
         let got = lease::lease(m, now, &op.rules, (op.max, op.max_bytes), &mut cursor, keys);
         changed |= !got.grants.is_empty() || !got.dead.is_empty();
         out.leased.push(got);
     }
+    for i in &pending {
+        if let Ask::Lease { max, max_bytes } = i.ask {
+            let want = (max as usize, max_bytes);
+            let got = lease::lease(m, now, &batch.rules, want, &mut cursor, keys);
+            out.decided
+                .push((i.id.clone(), Outcome::leased(m.version, &got)));
+        }
+    }
     out.wants_key = cursor.wants_key;
+    if let Some(newest) = pending.last() {
+        // Recorded in id order, so that the oldest leave the list first.
+        out.decided.sort_by(|a, b| a.0.cmp(&b.0));
+        for (id, outcome) in &out.decided {
+            intent::record(m, id, outcome.clone());
+        }
+        if newest.id > m.combined_through {
+            m.combined_through.clone_from(&newest.id);
+        }
+        changed = true;
+    }
     for swaps in &batch.swaps {
         let replaced = compact::swap(m, swaps);
         changed |= replaced > 0;
@@ -364,6 +415,7 @@ mod tests {
             segment: seg.as_ref(),
             found_at: None,
             foreign: &[],
+            intents: &[],
             upkeep: &upkeep,
             keys,
         };
@@ -423,6 +475,7 @@ mod tests {
             segment: Some(&seg),
             found_at: None,
             foreign: &[],
+            intents: &[],
             upkeep: &Upkeep::default(),
             keys: &Keys::default(),
         };
@@ -666,6 +719,7 @@ mod tests {
                         segment: Some(&own),
                         found_at: None,
                         foreign: &listed,
+                        intents: &[],
                         upkeep: &upkeep,
                         keys: &Keys::default(),
                     };
@@ -704,6 +758,276 @@ mod tests {
                 landed.len(),
                 "seed {seed}: two segments at one offset"
             );
+        }
+    }
+
+    fn intent(t: u64, u: &str, ask: Ask) -> Intent {
+        Intent::parse(&Intent::id(t, "", u, ask)).unwrap()
+    }
+
+    fn ack_ask(offset: u64, lease_id: u64) -> Ask {
+        Ask::Settle {
+            offset,
+            lease_id,
+            action: Settle::Ack,
+        }
+    }
+
+    /// Applies a batch with nothing of its own but `intents` listed.
+    fn land_intents(m: &mut Manifest, now: u64, r: Rules, intents: &[Intent]) -> Applied {
+        let batch = Batch::new(r);
+        let plan = Plan::new(&batch.produces, m, now, &|_| None);
+        m.version += 1;
+        let written = Written {
+            plan: &plan,
+            segment: None,
+            found_at: None,
+            foreign: &[],
+            intents,
+            upkeep: &Upkeep::default(),
+            keys: &Keys::default(),
+        };
+        applied(apply(m, now, &batch, written))
+    }
+
+    #[test]
+    fn intents_apply_once_in_id_order_and_record_what_they_got() {
+        let mut m = manifest_with(3);
+        leased(&mut m, &[0], 1, 1000);
+        let r = Rules {
+            max_in_flight: 2,
+            ..rules()
+        };
+        let ack = intent(20, "b", ack_ask(0, 1));
+        let stale = intent(21, "c", ack_ask(1, 7));
+        let lease = intent(
+            10,
+            "a",
+            Ask::Lease {
+                max: 5,
+                max_bytes: u64::MAX,
+            },
+        );
+        let a = land_intents(&mut m, 50, r, &[lease.clone(), ack.clone(), stale.clone()]);
+        // Settles first (the ack frees a slot), then the lease: two slots, offsets 1 and 2.
+        let want_lease = Outcome::Leased {
+            v: m.version,
+            g: vec![(1, 1), (2, 1)],
+            d: vec![],
+        };
+        assert_eq!(
+            a.decided,
+            vec![
+                (lease.id.clone(), want_lease.clone()),
+                (ack.id.clone(), Outcome::Done),
+                (stale.id.clone(), Outcome::Gone),
+            ]
+        );
+        assert_eq!(m.frontier, 1);
+        assert_eq!(m.combined_through, stale.id);
+        assert_eq!(
+            intent::status(&m, &lease.id),
+            intent::Status::Decided(want_lease)
+        );
+        check_invariants(&m);
+        // Listed again by a slow committer: nothing happens twice, nothing is written.
+        let before = m.clone();
+        let again = land_intents(&mut m, 60, r, &[lease, ack, stale]);
+        assert!(again.decided.is_empty());
+        assert_eq!(
+            (m.leases.clone(), m.frontier),
+            (before.leases, before.frontier)
+        );
+    }
+
+    #[test]
+    fn an_ack_intent_whose_lease_lapsed_before_it_landed_is_gone_and_changes_nothing() {
+        let mut m = manifest_with(2);
+        leased(&mut m, &[0], 1, 1000);
+        let late = intent(900, "a", ack_ask(0, 1));
+        let a = land_intents(&mut m, 1000, rules(), std::slice::from_ref(&late));
+        assert_eq!(a.decided, vec![(late.id, Outcome::Gone)]);
+        assert_eq!(m.frontier, 0);
+        assert!(m.leases.contains_key(&0) && m.acked_ahead.is_empty());
+    }
+
+    #[test]
+    fn a_lease_intent_sees_the_segments_landed_with_it() {
+        let mut m = manifest_with(0);
+        let seg = Combinable::parse(&Combinable::id(30, "", "s", 2, 2))
+            .unwrap()
+            .to_ref();
+        let lease = intent(
+            10,
+            "a",
+            Ask::Lease {
+                max: 1,
+                max_bytes: 1,
+            },
+        );
+        let batch = Batch::new(rules());
+        let plan = Plan::new(&batch.produces, &m, 40, &|_| None);
+        m.version += 1;
+        let written = Written {
+            plan: &plan,
+            segment: None,
+            found_at: None,
+            foreign: std::slice::from_ref(&seg),
+            intents: std::slice::from_ref(&lease),
+            upkeep: &Upkeep::default(),
+            keys: &Keys::default(),
+        };
+        let a = applied(apply(&mut m, 40, &batch, written));
+        assert_eq!(a.landed_foreign, 1);
+        let got = a.decided[0].1.lease_result().unwrap();
+        assert_eq!(
+            got.grants.iter().map(|g| g.offset).collect::<Vec<_>>(),
+            vec![0]
+        );
+        // The intent (id time 10) sorts below the segment: both decided by one write.
+        assert_eq!(m.combined_through, seg.id);
+        check_invariants(&m);
+    }
+
+    /// Processes write intents and segments against states they know, which may be
+    /// stale; commits apply whatever each listed. Every intent is applied at most once,
+    /// one found dead never lands, an offset whose ack got `Done` is never leased again,
+    /// and no two grants of live leases share an offset.
+    #[test]
+    fn intents_land_at_most_once_against_stale_states() {
+        for seed in 0..50u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut m = manifest_with(0);
+            let r = Rules {
+                max_in_flight: 4,
+                visibility_timeout_ms: 40,
+                ..rules()
+            };
+            let mut states = vec![m.clone()];
+            let mut written: Vec<Intent> = Vec::new();
+            let mut segs: Vec<SegmentRef> = Vec::new();
+            let mut outcomes: std::collections::HashMap<String, Outcome> = Default::default();
+            let mut dead: std::collections::HashSet<String> = Default::default();
+            let mut acked: std::collections::HashSet<u64> = Default::default();
+            for step in 0..120u64 {
+                let now = 1000 + step * 3;
+                let known = states[rng.gen_range(0..states.len())].clone();
+                let u = format!("w{step}");
+                match rng.gen_range(0..3) {
+                    0 => {
+                        let id = Combinable::id(now, &known.combined_through, &u, 1, 1);
+                        segs.push(Combinable::parse(&id).unwrap().to_ref());
+                    }
+                    1 => {
+                        let ask = Ask::Lease {
+                            max: rng.gen_range(1..3),
+                            max_bytes: u64::MAX,
+                        };
+                        let id = Intent::id(now, &known.combined_through, &u, ask);
+                        written.push(Intent::parse(&id).unwrap());
+                    }
+                    _ => {
+                        // Settle a lease some outcome granted (maybe long ago).
+                        let granted: Vec<(u64, u64)> = outcomes
+                            .values()
+                            .filter_map(|o| o.lease_result())
+                            .flat_map(|l| l.grants.into_iter().map(|g| (g.offset, g.lease_id)))
+                            .collect();
+                        if let Some(&(offset, lease_id)) =
+                            granted.get(rng.gen_range(0..granted.len().max(1)))
+                        {
+                            let action =
+                                [Settle::Ack, Settle::Nack, Settle::Extend][rng.gen_range(0..3)];
+                            let ask = Ask::Settle {
+                                offset,
+                                lease_id,
+                                action,
+                            };
+                            let id = Intent::id(now, &known.combined_through, &u, ask);
+                            written.push(Intent::parse(&id).unwrap());
+                        }
+                    }
+                }
+                if rng.gen_bool(0.4) {
+                    // Listed after what some state, maybe a stale one, had decided.
+                    let after = states[rng.gen_range(0..states.len())]
+                        .combined_through
+                        .clone();
+                    let listed: Vec<Intent> = written
+                        .iter()
+                        .filter(|i| i.id > after && rng.gen_bool(0.7))
+                        .cloned()
+                        .collect();
+                    let foreign: Vec<SegmentRef> = segs
+                        .iter()
+                        .filter(|s| s.id > after && rng.gen_bool(0.7))
+                        .cloned()
+                        .collect();
+                    let batch = Batch::new(r);
+                    let plan = Plan::new(&batch.produces, &m, now, &|_| None);
+                    m.version += 1;
+                    let w = Written {
+                        plan: &plan,
+                        segment: None,
+                        found_at: None,
+                        foreign: &foreign,
+                        intents: &listed,
+                        upkeep: &Upkeep::default(),
+                        keys: &Keys::default(),
+                    };
+                    let a = applied(apply(&mut m, now, &batch, w));
+                    check_invariants(&m);
+                    assert!(m.in_flight(now) <= r.max_in_flight as usize, "seed {seed}");
+                    for (id, o) in &a.decided {
+                        assert!(!dead.contains(id), "seed {seed}: dead {id} applied");
+                        assert!(
+                            outcomes.insert(id.clone(), o.clone()).is_none(),
+                            "seed {seed}: {id} applied twice"
+                        );
+                        if let Some(l) = o.lease_result() {
+                            for g in &l.grants {
+                                assert!(
+                                    !acked.contains(&g.offset),
+                                    "seed {seed}: acked {} leased again",
+                                    g.offset
+                                );
+                                let held = m.leases.get(&g.offset).map(|l| l.lease_id);
+                                assert_eq!(
+                                    held,
+                                    Some(g.lease_id),
+                                    "seed {seed}: {} granted",
+                                    g.offset
+                                );
+                            }
+                        }
+                        let i = Intent::parse(id).unwrap();
+                        if let (
+                            Ask::Settle {
+                                offset,
+                                action: Settle::Ack,
+                                ..
+                            },
+                            Outcome::Done,
+                        ) = (i.ask, o)
+                        {
+                            acked.insert(offset);
+                        }
+                    }
+                    for i in &written {
+                        match intent::status(&m, &i.id) {
+                            intent::Status::Dead => {
+                                dead.insert(i.id.clone());
+                            }
+                            intent::Status::Decided(o) => {
+                                assert_eq!(outcomes.get(&i.id), Some(&o), "seed {seed}");
+                            }
+                            intent::Status::Pending | intent::Status::Unknown => {}
+                        }
+                    }
+                    states.push(m.clone());
+                }
+            }
+            assert!(!outcomes.is_empty(), "seed {seed}: something landed");
         }
     }
 }

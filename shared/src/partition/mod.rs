@@ -13,6 +13,7 @@
 //! * [`delay`]: runs of delayed offsets;
 //! * [`compact`]: swap runs of segments for merged ones;
 //! * [`combine`]: land segments any process may commit, each at most once;
+//! * [`intent`]: settles and lease requests any process may commit, each at most once;
 //! * [`batch`]: one group commit's operations applied in their fixed order;
 //! * [`rebuild`]: a corrupt partition's state again, from a checkpoint and its segments.
 //!
@@ -37,6 +38,7 @@ pub mod compact;
 pub mod dedup;
 pub mod delay;
 pub mod index;
+pub mod intent;
 pub mod lease;
 pub mod produce;
 pub mod rebuild;
@@ -96,11 +98,17 @@ impl From<&TopicSettings> for Rules {
 /// would let a segment land twice); one that reads only format 3 refuses format 4 at its
 /// trailer. Format 5 adds `delayed`, and is written only while the partition holds delayed
 /// messages (else format 4, byte for byte): a version that reads only format 4 then refuses
-/// the manifest rather than deliver delayed messages early (docs/decisions.md).
-pub const MANIFEST_FORMAT: u32 = 5;
+/// the manifest rather than deliver delayed messages early (docs/decisions.md). Format 6
+/// adds `decided` and `decided_floor` ([`intent`]), and is written only while they hold
+/// something, which only happens at fleet level 3 (docs/upgrades.md): a version that
+/// reads only format 5 then refuses the manifest rather than lose the intents' outcomes.
+pub const MANIFEST_FORMAT: u32 = 6;
 
-/// The format written when no message is delayed ([`MANIFEST_FORMAT`]).
+/// The format written when no message is delayed and no intent decided.
 const FORMAT_WITHOUT_DELAYS: u32 = 4;
+
+/// The format written when messages are delayed and no intent decided.
+const FORMAT_WITH_DELAYS: u32 = 5;
 
 /// A manifest write leaves a checkpoint at least every this many versions.
 pub const CHECKPOINT_EVERY: u64 = 16;
@@ -202,6 +210,13 @@ pub struct Manifest {
     /// A delayed message is unsettled: it holds the frontier until delivered and acked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delayed: Vec<Delayed>,
+    /// The last intents applied, with what each got, oldest first (format 6; absent when
+    /// none, [`intent`]).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub decided: VecDeque<(String, intent::Outcome)>,
+    /// The highest intent id that left `decided` (format 6; absent when none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub decided_floor: String,
 }
 
 impl Manifest {
@@ -226,6 +241,8 @@ impl Manifest {
             landed_floor: String::new(),
             checkpoint: [0; 4],
             delayed: Vec::new(),
+            decided: VecDeque::new(),
+            decided_floor: String::new(),
         }
     }
 
@@ -532,10 +549,12 @@ impl Stored for Manifest {
     fn stamp(&mut self, write_id: &str) -> bool {
         // The oldest format that holds this content, so versions that cannot read
         // delays refuse only manifests that have some.
-        self.format = if self.delayed.is_empty() {
+        self.format = if !self.decided.is_empty() || !self.decided_floor.is_empty() {
+            MANIFEST_FORMAT
+        } else if self.delayed.is_empty() {
             FORMAT_WITHOUT_DELAYS
         } else {
-            MANIFEST_FORMAT
+            FORMAT_WITH_DELAYS
         };
         // Stamped with this build's level: `narad upgrade` tells the writes of builds
         // that cannot read a level by it ([`crate::formats::stamp_write`]).

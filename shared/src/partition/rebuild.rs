@@ -50,6 +50,8 @@ pub struct Evidence {
     pub floor: u64,
     /// Segments that exist but cannot be read: their messages are lost.
     pub unreadable: Vec<String>,
+    /// The newest intent id found among the segments ([`super::intent`]; empty: none).
+    pub newest_intent: String,
     /// The idempotency keys of the unnamed segments' messages: segment id → (index in
     /// the segment, key, produce time).
     pub keys: HashMap<String, Vec<(u32, String, u64)>>,
@@ -217,8 +219,19 @@ pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Ma
         .map(|s| s.id.clone())
         .max()
         .unwrap_or_default();
-    m.combined_through = ckpt.combined_through.clone().max(newest);
+    m.combined_through = ckpt
+        .combined_through
+        .clone()
+        .max(newest)
+        .max(ev.newest_intent.clone());
     m.landed_floor = m.combined_through.clone();
+    // Every intent seen is decided too, its outcome unknown (its writer answers 503):
+    // the leases it would settle are retired, and a lease it would take is granted
+    // afresh to whoever asks next. Set only where intents were in use, so that a
+    // rebuild never writes a format older builds cannot read.
+    if !ev.newest_intent.is_empty() || !ckpt.decided_floor.is_empty() || !ckpt.decided.is_empty() {
+        m.decided_floor = m.combined_through.clone();
+    }
     let report = Report {
         checkpoint_version: (ckpt.version > 0).then_some(ckpt.version),
         retired: (ckpt.start_offset, bound),
@@ -406,5 +419,39 @@ mod tests {
         assert_eq!((m.start_offset, m.next_offset), (104, 108));
         assert_eq!(r.checkpoint_version, None);
         assert_eq!(m.version, VERSION_JUMP);
+    }
+
+    #[test]
+    fn intents_seen_are_decided_with_their_outcome_unknown() {
+        use crate::partition::intent::{self, Ask, Intent, Status};
+        let mut ckpt = manifest_with(2);
+        ckpt.version = 16;
+        let ack = Ask::Settle {
+            offset: 0,
+            lease_id: 3,
+            action: super::super::Settle::Ack,
+        };
+        let id = Intent::id(50, "", "w", ack);
+        let ev = Evidence {
+            checkpoint: Some(ckpt.clone()),
+            newest_intent: id.clone(),
+            ..Evidence::default()
+        };
+        let (m, _) = rebuild("i", ev, 1000);
+        assert_eq!(intent::status(&m, &id), Status::Unknown);
+        assert_eq!(
+            intent::status(&m, &Intent::id(60, "", "w", ack)),
+            Status::Pending
+        );
+        // Where no intent was ever seen, the rebuild writes what older builds read.
+        let (m, _) = rebuild(
+            "i",
+            Evidence {
+                checkpoint: Some(ckpt),
+                ..Evidence::default()
+            },
+            1000,
+        );
+        assert!(m.decided_floor.is_empty() && m.decided.is_empty());
     }
 }

@@ -1,0 +1,430 @@
+//! Intents: settles and lease requests that any process may commit (docs/design.md §6,
+//! "Many processes on one partition").
+//!
+//! Combinable segments ([`super::combine`]) let one process commit other processes'
+//! produces. An *intent* does the same for the other state changes: a process that finds
+//! the partition contended writes an empty object under the partition's `segments/`
+//! prefix whose id alone says what it asks for,
+//! `{ms:013}-{unique}-i{op}`, so a committer that lists the prefix (the one listing that
+//! already finds pending segments) applies it without reading it:
+//!
+//! | op | meaning |
+//! |---|---|
+//! | `a{offset}.{lease}` | ack |
+//! | `e{offset}.{lease}` | extend by the visibility timeout |
+//! | `x{offset}.{lease}.{ms}` | end the lease `ms` from when it lands ("retry later") |
+//! | `n{offset}.{lease}` | nack |
+//! | `r{offset}.{lease}` | release (a consume that could not carry the message) |
+//! | `l{max}.{bytes}` | lease up to `max` messages, about `bytes` of payload |
+//!
+//! Intents share the id space of combinable segments: an id at or below the manifest's
+//! `combined_through` is decided. A commit applies the pending intents it listed (settles
+//! after produces, leases after settles, as in any batch) and records each one's
+//! [`Outcome`] in the manifest's `decided` list, the last [`DECIDED_KEEP`] of them, so
+//! that the writer, reading the manifest, answers its client: 204 or 410 for a settle,
+//! the granted offsets for a lease. `decided_floor` is the highest id that left the list:
+//! the fate of an intent at or below it can no longer be told ([`Status::Unknown`], a
+//! 503 with the outcome unknown). An intent at or below `combined_through` and not in
+//! the list never landed and never will ([`Status::Dead`]): its writer writes it again.
+//! An intent is applied at most once, because only ids above `combined_through` are
+//! applied and applying raises it past them.
+
+use serde::{Deserialize, Serialize};
+
+use super::lease::{Grant, Leased};
+use super::settle::{Refused, Settle};
+use super::Manifest;
+
+/// How many decided intents a manifest remembers.
+pub const DECIDED_KEEP: usize = 96;
+
+/// Most messages one lease intent asks for (a consume's `max`).
+pub const MAX_LEASE_ASK: u64 = 100;
+
+/// Characters of an intent's unique part that the manifest keeps to know it by.
+pub const KEY_CHARS: usize = 16;
+
+/// What the manifest's `decided` list knows intent `id` by: its time and the last
+/// [`KEY_CHARS`] characters of its unique part (random bits of a UUIDv7), which keeps a
+/// decided entry near 40 bytes.
+pub fn key(id: &str) -> String {
+    let mut parts = id.split('-');
+    let (time, unique) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let tail = &unique[unique.len().saturating_sub(KEY_CHARS)..];
+    format!("{time}-{tail}")
+}
+
+/// An id at or above every id written at the time of `key` (`~` sorts after every
+/// character of an id's unique part).
+fn floor_of(key: &str) -> String {
+    let time = key.split('-').next().unwrap_or("");
+    format!("{time}-~")
+}
+
+/// What an intent asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// Settle the lease `lease_id` on `offset`.
+    Settle {
+        /// Offset of the leased message.
+        offset: u64,
+        /// Lease id from the receipt handle.
+        lease_id: u64,
+        /// What to do.
+        action: Settle,
+    },
+    /// Lease up to `max` messages of about `max_bytes` of payload (the first whatever its
+    /// size).
+    Lease {
+        /// Most leases wanted.
+        max: u32,
+        /// Most payload bytes wanted.
+        max_bytes: u64,
+    },
+}
+
+/// An intent as named by its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intent {
+    /// The object id (the last part of its key).
+    pub id: String,
+    /// What it asks for.
+    pub ask: Ask,
+    /// When it was written (ms since the epoch, the writer's clock).
+    pub written_ms: u64,
+}
+
+impl Intent {
+    /// The id of an intent asking `ask`, written at `now_ms` or at the time of `after`
+    /// (the `combined_through` the writer knows) when that is later, as
+    /// [`super::combine::Combinable::id`].
+    pub fn id(now_ms: u64, after: &str, unique: &str, ask: Ask) -> String {
+        let floor = after
+            .split_once('-')
+            .and_then(|(t, _)| t.parse::<u64>().ok())
+            .unwrap_or(0);
+        let unique: String = unique.chars().filter(|c| *c != '-').collect();
+        let op = match ask {
+            Ask::Settle {
+                offset,
+                lease_id,
+                action,
+            } => match action {
+                Settle::Ack => format!("a{offset}.{lease_id}"),
+                Settle::Extend => format!("e{offset}.{lease_id}"),
+                Settle::ExtendFor(ms) => format!("x{offset}.{lease_id}.{ms}"),
+                Settle::Nack => format!("n{offset}.{lease_id}"),
+                Settle::Release => format!("r{offset}.{lease_id}"),
+            },
+            Ask::Lease { max, max_bytes } => format!("l{max}.{max_bytes}"),
+        };
+        format!("{:013}-{unique}-i{op}", now_ms.max(floor))
+    }
+
+    /// Reads an intent id; `None` for any other id (segments among them).
+    pub fn parse(id: &str) -> Option<Self> {
+        let mut parts = id.split('-');
+        let (time, unique, op) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || time.len() != 13 || unique.is_empty() {
+            return None;
+        }
+        let written_ms = time.parse().ok()?;
+        let op = op.strip_prefix('i')?;
+        let (tag, rest) = op.split_at_checked(1)?;
+        let nums: Vec<u64> = rest
+            .split('.')
+            .map(|n| n.parse().ok())
+            .collect::<Option<_>>()?;
+        let settle = |action| match nums[..] {
+            [offset, lease_id] => Some(Ask::Settle {
+                offset,
+                lease_id,
+                action,
+            }),
+            _ => None,
+        };
+        let ask = match tag {
+            "a" => settle(Settle::Ack)?,
+            "e" => settle(Settle::Extend)?,
+            "n" => settle(Settle::Nack)?,
+            "r" => settle(Settle::Release)?,
+            "x" => match nums[..] {
+                [offset, lease_id, ms] => Ask::Settle {
+                    offset,
+                    lease_id,
+                    action: Settle::ExtendFor(ms),
+                },
+                _ => return None,
+            },
+            "l" => match nums[..] {
+                [max, max_bytes] if (1..=MAX_LEASE_ASK).contains(&max) => Ask::Lease {
+                    max: u32::try_from(max).ok()?,
+                    max_bytes,
+                },
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let intent = Self {
+            id: id.to_owned(),
+            ask,
+            written_ms,
+        };
+        // Only the canonical spelling: one intent, one id.
+        (Self::id(written_ms, "", unique, ask) == id).then_some(intent)
+    }
+}
+
+/// What a landed intent got, as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The settle took effect.
+    #[serde(rename = "ok")]
+    Done,
+    /// The settle was refused: the lease is gone (410).
+    #[serde(rename = "gone")]
+    Gone,
+    /// The settle was refused: the acked-ahead window is full (503).
+    #[serde(rename = "full")]
+    Full,
+    /// The lease request got these leases (lease id `v`): `g` delivered, `d` parked for
+    /// the dead-letter topic, each as (offset, delivery count).
+    #[serde(rename = "l")]
+    Leased {
+        /// The lease id of every grant (the version of the commit that granted them).
+        v: u64,
+        /// Messages for the consumer.
+        g: Vec<(u64, u32)>,
+        /// Messages parked for the dead-letter topic.
+        d: Vec<(u64, u32)>,
+    },
+}
+
+impl Outcome {
+    /// The outcome of a settle.
+    pub fn settled(r: Result<(), Refused>) -> Self {
+        match r {
+            Ok(()) => Self::Done,
+            Err(Refused::LeaseGone) => Self::Gone,
+            Err(Refused::AckedAheadFull) => Self::Full,
+        }
+    }
+
+    /// The outcome of a lease request granted by the write of `version`.
+    pub fn leased(version: u64, got: &Leased) -> Self {
+        let pairs = |g: &[Grant]| g.iter().map(|g| (g.offset, g.delivery_count)).collect();
+        Self::Leased {
+            v: version,
+            g: pairs(&got.grants),
+            d: pairs(&got.dead),
+        }
+    }
+
+    /// A settle's result, as the settle itself answered it; `None` for a lease outcome.
+    pub fn settle_result(&self) -> Option<Result<(), Refused>> {
+        match self {
+            Self::Done => Some(Ok(())),
+            Self::Gone => Some(Err(Refused::LeaseGone)),
+            Self::Full => Some(Err(Refused::AckedAheadFull)),
+            Self::Leased { .. } => None,
+        }
+    }
+
+    /// A lease request's grants; `None` for a settle outcome.
+    pub fn lease_result(&self) -> Option<Leased> {
+        let Self::Leased { v, g, d } = self else {
+            return None;
+        };
+        let grants = |p: &[(u64, u32)]| {
+            p.iter()
+                .map(|&(offset, delivery_count)| Grant {
+                    offset,
+                    lease_id: *v,
+                    delivery_count,
+                })
+                .collect()
+        };
+        Some(Leased {
+            grants: grants(g),
+            dead: grants(d),
+        })
+    }
+}
+
+/// What a manifest says of an intent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Applied, with this outcome.
+    Decided(Outcome),
+    /// Not applied yet; any commit may apply it.
+    Pending,
+    /// Never applied, and never will be.
+    Dead,
+    /// Too old to tell.
+    Unknown,
+}
+
+/// The fate of the intent `id` in `m`.
+pub fn status(m: &Manifest, id: &str) -> Status {
+    let k = key(id);
+    if let Some((_, o)) = m.decided.iter().find(|(i, _)| *i == k) {
+        return Status::Decided(o.clone());
+    }
+    if !m.decided_floor.is_empty() && id <= m.decided_floor.as_str() {
+        return Status::Unknown;
+    }
+    if id <= m.combined_through.as_str() {
+        return Status::Dead;
+    }
+    Status::Pending
+}
+
+/// Records in `m` that `id` was applied with `outcome`, forgetting the oldest record
+/// past [`DECIDED_KEEP`]; `decided_floor` then rises to cover every id of that record's
+/// millisecond, since keys do not order like ids. Covering more than was forgotten is
+/// safe: such an intent, if it never landed, is answered 503 (outcome unknown) instead
+/// of being written again, and is never applied. The caller raises `combined_through`
+/// past `id`.
+pub fn record(m: &mut Manifest, id: &str, outcome: Outcome) {
+    m.decided.push_back((key(id), outcome));
+    while m.decided.len() > DECIDED_KEEP {
+        if let Some((gone, _)) = m.decided.pop_front() {
+            let floor = floor_of(&gone);
+            if floor > m.decided_floor {
+                m.decided_floor = floor;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::combine::Combinable;
+    use crate::partition::testing::manifest_with;
+
+    fn ack(offset: u64, lease_id: u64) -> Ask {
+        Ask::Settle {
+            offset,
+            lease_id,
+            action: Settle::Ack,
+        }
+    }
+
+    #[test]
+    fn ids_round_trip_for_every_ask() {
+        let asks = [
+            ack(5, 42),
+            Ask::Settle {
+                offset: 0,
+                lease_id: 1,
+                action: Settle::Extend,
+            },
+            Ask::Settle {
+                offset: 7,
+                lease_id: 9,
+                action: Settle::ExtendFor(30_000),
+            },
+            Ask::Settle {
+                offset: 3,
+                lease_id: 4,
+                action: Settle::Nack,
+            },
+            Ask::Settle {
+                offset: 3,
+                lease_id: 4,
+                action: Settle::Release,
+            },
+            Ask::Lease {
+                max: 10,
+                max_bytes: 4 << 20,
+            },
+        ];
+        for ask in asks {
+            let id = Intent::id(1_700_000_000_000, "", "0190-abcd", ask);
+            let got = Intent::parse(&id).unwrap_or_else(|| panic!("{id} parses"));
+            assert_eq!((got.ask, got.written_ms), (ask, 1_700_000_000_000), "{id}");
+            assert!(Combinable::parse(&id).is_none(), "{id} is no segment");
+        }
+    }
+
+    #[test]
+    fn segments_and_malformed_ids_are_not_intents() {
+        let seg = Combinable::id(1_700_000_000_000, "", "abc", 3, 42);
+        for id in [
+            seg.as_str(),
+            "1700000000000-0190abcd-ef01-7000-8000-000000000000",
+            "1700000000000-abc-ia5",
+            "1700000000000-abc-ia5.1.2",
+            "1700000000000-abc-il0.10",
+            "1700000000000-abc-il101.10",
+            "1700000000000-abc-iq5.1",
+            "1700000000000-abc-ia05.1",
+            "1700000000000-abc-ia-5.1",
+            "17-abc-ia5.1",
+            "1700000000000--ia5.1",
+        ] {
+            assert!(Intent::parse(id).is_none(), "{id}");
+        }
+    }
+
+    #[test]
+    fn a_lagging_clock_writes_no_earlier_than_what_the_writer_knows() {
+        let later = Combinable::id(5_000, "", "b", 1, 1);
+        let id = Intent::id(1_000, &later, "c", ack(1, 1));
+        assert!(id > later);
+        assert_eq!(Intent::parse(&id).map(|i| i.written_ms), Some(5_000));
+    }
+
+    #[test]
+    fn outcomes_answer_what_the_operation_would_have() {
+        assert_eq!(Outcome::settled(Ok(())).settle_result(), Some(Ok(())));
+        for why in [Refused::LeaseGone, Refused::AckedAheadFull] {
+            assert_eq!(Outcome::settled(Err(why)).settle_result(), Some(Err(why)));
+        }
+        let got = Leased {
+            grants: vec![Grant {
+                offset: 4,
+                lease_id: 9,
+                delivery_count: 2,
+            }],
+            dead: vec![Grant {
+                offset: 1,
+                lease_id: 9,
+                delivery_count: 5,
+            }],
+        };
+        let o = Outcome::leased(9, &got);
+        assert_eq!(o.lease_result(), Some(got));
+        assert_eq!(o.settle_result(), None);
+        assert_eq!(Outcome::Done.lease_result(), None);
+        // Stored compactly: the manifest holds up to DECIDED_KEEP of them.
+        assert_eq!(
+            serde_json::to_string(&o).unwrap(),
+            r#"{"l":{"v":9,"g":[[4,2]],"d":[[1,5]]}}"#
+        );
+        assert_eq!(serde_json::to_string(&Outcome::Gone).unwrap(), r#""gone""#);
+    }
+
+    #[test]
+    fn forgotten_intents_are_unknown_and_passed_over_ones_dead() {
+        let mut m = manifest_with(0);
+        let id = |t: u64, u: &str| Intent::id(t, "", u, ack(0, 1));
+        let first = id(1, "first");
+        record(&mut m, &first, Outcome::Done);
+        m.combined_through = first.clone();
+        assert_eq!(status(&m, &first), Status::Decided(Outcome::Done));
+        for i in 0..DECIDED_KEEP as u64 {
+            let later = id(100 + i, "x");
+            record(&mut m, &later, Outcome::Gone);
+            m.combined_through = later;
+        }
+        assert_eq!(m.decided.len(), DECIDED_KEEP);
+        assert_eq!(m.decided_floor, format!("{:013}-~", 1));
+        assert_eq!(key(&first), format!("{:013}-first", 1));
+        assert_eq!(status(&m, &first), Status::Unknown);
+        assert_eq!(status(&m, &id(0, "late")), Status::Unknown);
+        assert_eq!(status(&m, &id(5, "late")), Status::Dead);
+        assert_eq!(status(&m, &id(9_999, "new")), Status::Pending);
+    }
+}
