@@ -257,7 +257,9 @@ impl Broker {
                 self.dead_letter(topic, p, &answer.layout, g).await;
             }
             let grants = answer.leased.grants;
-            let delivered = self.deliver(topic, p, &answer.layout, &grants).await?;
+            let delivered = self
+                .deliver(topic, p, &answer.layout, &grants, !answer.shared)
+                .await?;
             for (d, g) in delivered {
                 let bound = rendered_bound(&d);
                 if out.is_empty() || used + bound <= MAX_CONSUME_RESPONSE_BYTES {
@@ -275,18 +277,20 @@ impl Broker {
         Ok((out, lapse))
     }
 
-    /// Reads the leased messages and signs their handles. A message retention removed
-    /// meanwhile is left out (its lease then lapses harmlessly).
+    /// Reads the leased messages (and, with `read_ahead`, the segments after them) and
+    /// signs their handles. A message retention removed meanwhile is left out (its lease
+    /// then lapses harmlessly).
     async fn deliver<'g>(
         &self,
         topic: &Topic,
         partition: u32,
         layout: &Layout,
         grants: &'g [Grant],
+        read_ahead: bool,
     ) -> BrokerResult<Vec<(Delivery, &'g Grant)>> {
         let offsets: Vec<u64> = grants.iter().map(|g| g.offset).collect();
         let messages = self
-            .messages(&topic.name, partition, layout, &offsets, true)
+            .messages(&topic.name, partition, layout, &offsets, read_ahead)
             .await?;
         let mut out = Vec::with_capacity(grants.len());
         for (g, msg) in grants.iter().zip(messages) {

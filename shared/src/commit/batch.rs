@@ -9,9 +9,9 @@
 //! left to garbage collection. `apply` is then the pure
 //! [`crate::partition::batch::apply`].
 //!
-//! The segment write first re-checks the topic record (a conditional GET, 304 when
-//! unchanged) so that nothing is committed into a topic that was deleted and created
-//! again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
+//! Beside the segment write (at once, so it costs no round trip) the topic record is
+//! re-checked (a conditional GET, 304 when unchanged) so that nothing is committed into a
+//! topic that was deleted and created again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
 //! retries them against the current topic. A segment older than
 //! [`super::MAX_SEGMENT_AGE_AT_COMMIT_MS`] is never committed.
 
@@ -83,7 +83,11 @@ impl Replies {
         }
         for (tx, leased) in self.leased.into_iter().zip(applied.leased) {
             let layout = layout.clone();
-            let _ = tx.send(Ok(LeaseAnswer { leased, layout }));
+            let _ = tx.send(Ok(LeaseAnswer {
+                leased,
+                layout,
+                shared: false,
+            }));
         }
         for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
             let _ = tx.send(Ok(r));
@@ -203,6 +207,7 @@ fn answer_intents(
                 Ok(LeaseAnswer {
                     leased: got,
                     layout: layout.clone(),
+                    shared: true,
                 })
             }
             None => Err(BrokerError::Contention),
@@ -665,14 +670,30 @@ impl Committer {
             }
         }
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
+        // A cache that was out of date last time probably is again (requests of one
+        // client rotating over processes): confirm it first, a conditional GET, rather
+        // than pay a failed PUT and then the read anyway.
+        let refreshed = match cache.as_mut() {
+            Some(snap) if lock(&q.state).stale_cache => {
+                cell.refresh::<Infallible>(snap).await.is_ok()
+            }
+            _ => false,
+        };
         let mut result = cell.update_cached(&mut cache, &mut change).await;
         if matches!(&result, Err(e) if damaged(e)) && self.self_repair(q, &change.batch.rules).await
         {
             cache = None;
             result = cell.update_cached(&mut cache, &mut change).await;
         }
-        if change.attempts > 1 {
+        // One conflict on a cache not confirmed first is a stale cache, not another
+        // writer: only a conflict after a fresh state is a race (a lone client whose
+        // requests rotate over processes must not pay for combining).
+        let raced = change.attempts > if refreshed { 1 } else { 2 };
+        lock(&q.state).stale_cache = change.attempts > 1;
+        if raced {
             self.mark_contended(q);
+        }
+        if change.attempts > 1 {
             if replies.len() == 0 {
                 // A sweep lost a race: another process commits; leave the sweeping to it.
                 lock(&q.state).sweeping = false;
@@ -725,7 +746,7 @@ impl Committer {
         }
     }
 
-    /// Writes the batch's segment after checking the topic is still the one the
+    /// Writes the batch's segment, checking meanwhile that the topic is still the one the
     /// producers saw.
     pub(super) async fn write_segment(
         &self,
@@ -734,9 +755,6 @@ impl Committer {
         messages: Vec<StoredMessage>,
         combinable_after: Option<&str>,
     ) -> BrokerResult<SegmentRef> {
-        // Checked before every segment write: a process whose cached topic is up to one
-        // cache period old must not commit into a topic that was deleted and created again.
-        self.check_topic(q, topic_etag).await?;
         let last_produced_ms = messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0);
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
         let count = messages.len() as u32;
@@ -749,9 +767,25 @@ impl Committer {
         };
         // Written before the commit; if the commit never lands this object is an orphan.
         let key = keys::segment(&q.topic, q.partition, &id);
-        self.store
-            .put_if_absent(&key, seg.encode(self.level.get())?)
-            .await?;
+        let body = seg.encode(self.level.get())?;
+        // Checked with every segment write, at once beside it (one round trip, not two):
+        // a process whose cached topic is up to one cache period old must not commit
+        // into a topic that was deleted and created again. If the check fails the
+        // segment is an orphan, unless it is combinable: a process of the new topic may
+        // land it, so the produce's outcome is unknown then (never deleted: it may have
+        // landed already).
+        let (checked, put) = tokio::join!(
+            self.check_topic(q, topic_etag),
+            self.store.put_if_absent(&key, body)
+        );
+        match checked {
+            Err(BrokerError::StaleTopic) if put.is_ok() && combinable_after.is_some() => {
+                return Err(BrokerError::StaleTopicWritten)
+            }
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        put?;
         // Consumers in this process read it from memory.
         self.caches.segments.put(key, Arc::new(seg));
         Ok(SegmentRef {

@@ -69,6 +69,9 @@ pub struct LeaseAnswer {
     pub leased: Leased,
     /// The partition's layout as committed.
     pub layout: Arc<Layout>,
+    /// Whether other processes lease from the partition too (the lease was granted
+    /// through an intent): reading segments ahead would mostly read their messages.
+    pub shared: bool,
 }
 
 /// The process's caches of immutable decoded objects, shared by the committer (which
@@ -167,6 +170,9 @@ struct QueueState {
     /// Until when this partition counts as contended (another process wrote it while a
     /// batch of this one was being committed): see [`combine`].
     contended_until: Option<tokio::time::Instant>,
+    /// Whether the last commit found the cached snapshot out of date: the next one
+    /// confirms it before writing.
+    stale_cache: bool,
     /// Whether this process is the partition's committer ([`combine`]): it sweeps
     /// other processes' segments while its queue is empty.
     sweeping: bool,

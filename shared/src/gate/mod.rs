@@ -417,9 +417,15 @@ fn host_name() -> String {
 ///
 /// Errors: store failures.
 async fn bootstrap(store: &DynStore, now: u64) -> BrokerResult<Option<FleetRecord>> {
-    let topics = store.list_after(keys::TOPICS_PREFIX, "", 1).await?;
-    let processes = store.list_after(keys::PROCESSES_PREFIX, "", 1).await?;
-    if !topics.is_empty() || !processes.is_empty() {
+    if !store
+        .list_after(keys::TOPICS_PREFIX, "", 1)
+        .await?
+        .is_empty()
+        || !store
+            .list_after(keys::PROCESSES_PREFIX, "", 1)
+            .await?
+            .is_empty()
+    {
         return Ok(None);
     }
     let record = FleetRecord {
