@@ -693,11 +693,9 @@ impl Committer {
         if raced {
             self.mark_contended(q);
         }
-        if change.attempts > 1 {
-            if replies.len() == 0 {
-                // A sweep lost a race: another process commits; leave the sweeping to it.
-                lock(&q.state).sweeping = false;
-            }
+        if change.attempts > 1 && replies.len() == 0 {
+            // A sweep lost a race: another process commits; leave the sweeping to it.
+            lock(&q.state).sweeping = false;
         }
         let span = tracing::Span::current();
         span.record("attempts", change.attempts);
