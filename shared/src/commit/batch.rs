@@ -422,8 +422,9 @@ impl Committer {
     /// Whether `batch` may go the combining way ([`super::combine`]) when the partition
     /// is contended: its produces (if any) are combinable, it holds no compaction or
     /// purge, and its settles and lease requests (at fleet level 3 and up) are few
-    /// enough to be written as intents.
-    pub(super) fn combines(&self, batch: &Batch) -> bool {
+    /// enough to be written as intents and not refused already by the state `held`
+    /// ([`intent::worth_writing`]).
+    pub(super) fn combines(&self, batch: &Batch, held: Option<&Manifest>) -> bool {
         let produces = batch.produces.is_empty() || combinable(batch);
         if !produces || !batch.swaps.is_empty() || batch.purges > 0 {
             return false;
@@ -432,12 +433,16 @@ impl Committer {
         if asks == 0 {
             return !batch.produces.is_empty();
         }
+        let now = self.clock.now_ms();
         self.level.get().writes_intents()
             && asks <= MAX_OWN_INTENTS
             && batch
                 .leases
                 .iter()
                 .all(|l| (1..=MAX_LEASE_ASK).contains(&(l.max as u64)))
+            && held.is_none_or(|m| {
+                super::combine::asks(batch).all(|a| intent::worth_writing(m, now, &batch.rules, a))
+            })
     }
 }
 
@@ -556,7 +561,8 @@ impl Committer {
         // Sweeps commit under the rules of the last batch (retention, and the settles and
         // leases of other processes' intents).
         lock(&q.state).sweep_with = Some((batch.rules, topic_etag.clone()));
-        let mut combining = self.contended(q) && self.combines(&batch);
+        let held = cache.as_ref().map(|s| &s.value);
+        let mut combining = self.contended(q) && self.combines(&batch, held);
         let mut head = None;
         if combining {
             match self

@@ -251,6 +251,29 @@ impl Outcome {
     }
 }
 
+/// Whether writing an intent for `ask` is worth it, as the state `m` a process holds
+/// (maybe an old one) shows it at `now` under `rules`. Not when `m` refuses it already:
+/// a lease request while nothing is available or the in-flight limit is reached, a settle
+/// of a lease `m` has seen granted (its version is at least the lease id) and no longer
+/// holds live. Those go the ordinary way, whose refusal writes nothing and is confirmed
+/// with a conditional GET, so an idle poll or a stale handle costs no intent, and no
+/// manifest write that would wake every other process's idle watch.
+pub fn worth_writing(m: &Manifest, now: u64, rules: &super::Rules, ask: Ask) -> bool {
+    match ask {
+        Ask::Lease { .. } => {
+            m.available_count(now) > 0 && m.in_flight(now) < rules.max_in_flight as usize
+        }
+        Ask::Settle {
+            offset, lease_id, ..
+        } => {
+            m.version < lease_id
+                || m.leases
+                    .get(&offset)
+                    .is_some_and(|l| l.lease_id == lease_id && l.deadline_ms > now)
+        }
+    }
+}
+
 /// What a manifest says of an intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {
@@ -404,6 +427,33 @@ mod tests {
             r#"{"l":{"v":9,"g":[[4,2]],"d":[[1,5]]}}"#
         );
         assert_eq!(serde_json::to_string(&Outcome::Gone).unwrap(), r#""gone""#);
+    }
+
+    #[test]
+    fn an_intent_is_written_only_when_the_state_held_does_not_refuse_it() {
+        use crate::partition::testing::{leased, rules};
+        let mut m = manifest_with(2);
+        m.version = 10;
+        let r = crate::partition::Rules {
+            max_in_flight: 1,
+            ..rules()
+        };
+        let lease = Ask::Lease {
+            max: 1,
+            max_bytes: 1,
+        };
+        assert!(worth_writing(&m, 5, &r, lease));
+        leased(&mut m, &[0], 7, 100);
+        // In flight at the limit: nothing could be granted.
+        assert!(!worth_writing(&m, 5, &r, lease));
+        // A live lease, one of a version not seen yet, one seen and gone, one lapsed.
+        assert!(worth_writing(&m, 5, &r, ack(0, 7)));
+        assert!(worth_writing(&m, 5, &r, ack(1, 11)));
+        assert!(!worth_writing(&m, 5, &r, ack(1, 9)));
+        assert!(!worth_writing(&m, 100, &r, ack(0, 7)));
+        m.frontier = 2;
+        m.leases.clear();
+        assert!(!worth_writing(&m, 5, &rules(), lease), "nothing available");
     }
 
     #[test]
