@@ -67,8 +67,15 @@ impl Replies {
             + self.purged.len()
     }
 
-    /// Answers every caller with its own result; leases with the committed `layout`.
-    fn answer(self, applied: Applied, refused: Option<&BrokerError>, layout: Arc<Layout>) {
+    /// Answers every caller with its own result; leases with the committed `layout`, and
+    /// as `shared` when the partition is contended (other processes lease from it too).
+    fn answer(
+        self,
+        applied: Applied,
+        refused: Option<&BrokerError>,
+        layout: Arc<Layout>,
+        shared: bool,
+    ) {
         for (tx, r) in self.produced.into_iter().zip(applied.produced) {
             let r = r.map_err(|why| match why {
                 Unplaced::DelayedFull => BrokerError::DelayedFull,
@@ -86,7 +93,7 @@ impl Replies {
             let _ = tx.send(Ok(LeaseAnswer {
                 leased,
                 layout,
-                shared: false,
+                shared,
             }));
         }
         for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
@@ -142,7 +149,7 @@ impl Replies {
             produced,
             ..Self::default()
         };
-        produces.answer(applied, refused, layout);
+        produces.answer(applied, refused, layout, true);
         answer_intents(settled, leased, own, state);
         // A combining batch holds neither; should one slip in, it is not left hanging.
         let e = BrokerError::Internal("not a combining operation".into());
@@ -730,7 +737,7 @@ impl Committer {
                 };
                 let layout = Arc::new(snap.value.layout());
                 if change.own.is_empty() {
-                    replies.answer(applied, change.refused.as_ref(), layout);
+                    replies.answer(applied, change.refused.as_ref(), layout, combining);
                 } else {
                     replies.answer_own(applied, change.refused.as_ref(), &change.own, &snap.value);
                 }

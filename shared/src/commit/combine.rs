@@ -374,9 +374,13 @@ impl Committer {
             return Ok(Head::Direct(Some(snap)));
         }
         let started = Instant::now();
-        let mut own = self.write_own(q, batch, topic_etag, &snap.value).await?;
-        let mut round_trip = started.elapsed();
+        // The partition's committer commits this batch itself, at once: its settles and
+        // leases go into that commit as they are, and need no intents.
         let committer = lock(&q.state).sweeping;
+        let mut own = self
+            .write_own(q, batch, topic_etag, &snap.value, !committer)
+            .await?;
+        let mut round_trip = started.elapsed();
         let mut listed = None;
         let mut round = 0;
         while !committer && round < MAX_POLLS {
@@ -438,14 +442,15 @@ impl Committer {
         Ok(Head::Commit(Ready { own, listed, snap }))
     }
 
-    /// Writes `batch`'s segment (when it has produces) and its intents at once, above
-    /// the `combined_through` of `state`.
+    /// Writes `batch`'s segment (when it has produces) and, with `intents`, its intents at
+    /// once, above the `combined_through` of `state`.
     async fn write_own(
         &self,
         q: &Queue,
         batch: &Batch,
         topic_etag: &ETag,
         state: &Manifest,
+        intents: bool,
     ) -> BrokerResult<Own> {
         let after = state.combined_through.as_str();
         let segment = async {
@@ -459,8 +464,11 @@ impl Committer {
                 .await?;
             Ok::<_, BrokerError>(Some((seg, plan)))
         };
-        let intents =
-            futures::future::try_join_all(asks(batch).map(|ask| self.write_intent(q, after, ask)));
+        let intents = futures::future::try_join_all(
+            asks(batch)
+                .filter(|_| intents)
+                .map(|ask| self.write_intent(q, after, ask)),
+        );
         let (segment, intents) = futures::join!(segment, intents);
         Ok(Own {
             segment: segment?,
