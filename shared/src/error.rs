@@ -66,11 +66,6 @@ pub enum BrokerError {
     /// internally, then reported as busy.
     #[error("the topic changed while the request ran; retry")]
     StaleTopic,
-    /// The topic was deleted and created again while this produce's combinable segment
-    /// was written: another process of the new topic may land it, so the produce is not
-    /// retried internally (that could append it twice) and its outcome is unknown (503).
-    #[error("the topic changed while the message was written; its outcome is unknown")]
-    StaleTopicWritten,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

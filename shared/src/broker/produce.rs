@@ -157,14 +157,6 @@ impl Broker {
                         }));
                     }
                 }
-                Err(BrokerError::StaleTopicWritten) => {
-                    // Not retried (it may land in the new topic): the cache goes, the
-                    // caller gets 503 with the outcome unknown.
-                    self.topics.forget(&topic.name);
-                    for i in idx {
-                        results[i] = Some(Err(BrokerError::Contention));
-                    }
-                }
                 Err(e) => {
                     stale |= matches!(e, BrokerError::StaleTopic);
                     for i in idx {

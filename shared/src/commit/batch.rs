@@ -9,9 +9,9 @@
 //! left to garbage collection. `apply` is then the pure
 //! [`crate::partition::batch::apply`].
 //!
-//! Beside the segment write (at once, so it costs no round trip) the topic record is
-//! re-checked (a conditional GET, 304 when unchanged) so that nothing is committed into a
-//! topic that was deleted and created again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
+//! With the segment write (beside it, so it costs no round trip, unless the segment is
+//! combinable) the topic record is re-checked (a conditional GET, 304 when unchanged) so
+//! that nothing is committed into a topic that was deleted and created again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
 //! retries them against the current topic. A segment older than
 //! [`super::MAX_SEGMENT_AGE_AT_COMMIT_MS`] is never committed.
 
@@ -779,24 +779,23 @@ impl Committer {
         // Written before the commit; if the commit never lands this object is an orphan.
         let key = keys::segment(&q.topic, q.partition, &id);
         let body = seg.encode(self.level.get())?;
-        // Checked with every segment write, at once beside it (one round trip, not two):
-        // a process whose cached topic is up to one cache period old must not commit
-        // into a topic that was deleted and created again. If the check fails the
-        // segment is an orphan, unless it is combinable: a process of the new topic may
-        // land it, so the produce's outcome is unknown then (never deleted: it may have
-        // landed already).
-        let (checked, put) = tokio::join!(
-            self.check_topic(q, topic_etag),
-            self.store.put_if_absent(&key, body)
-        );
-        match checked {
-            Err(BrokerError::StaleTopic) if put.is_ok() && combinable_after.is_some() => {
-                return Err(BrokerError::StaleTopicWritten)
-            }
-            Err(e) => return Err(e),
-            Ok(()) => {}
+        // Checked with every segment write: a process whose cached topic is up to one
+        // cache period old must not commit into a topic that was deleted and created
+        // again. For a segment only this batch commits, the check runs beside the write
+        // (one round trip, not two; a failed check leaves an orphan). A combinable one
+        // is checked first: once written, a process of a new topic of the same name could
+        // land it while this produce is retried there.
+        if combinable_after.is_some() {
+            self.check_topic(q, topic_etag).await?;
+            self.store.put_if_absent(&key, body).await?;
+        } else {
+            let (checked, put) = tokio::join!(
+                self.check_topic(q, topic_etag),
+                self.store.put_if_absent(&key, body)
+            );
+            checked?;
+            put?;
         }
-        put?;
         // Consumers in this process read it from memory.
         self.caches.segments.put(key, Arc::new(seg));
         Ok(SegmentRef {

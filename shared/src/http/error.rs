@@ -158,9 +158,7 @@ impl From<BrokerError> for ApiError {
                 retry_after: Some(5),
                 ..Self::new(S::TOO_MANY_REQUESTS, "too_many_delayed", msg)
             },
-            BrokerError::Contention | BrokerError::StaleTopic | BrokerError::StaleTopicWritten => {
-                Self::unavailable("busy", msg)
-            }
+            BrokerError::Contention | BrokerError::StaleTopic => Self::unavailable("busy", msg),
             BrokerError::Store(StoreError::Unavailable(failure)) => {
                 let source = std::error::Error::source(&failure).map(ToString::to_string);
                 tracing::warn!(detail = %failure, ?source, "storage unavailable");
