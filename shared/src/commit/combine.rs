@@ -37,7 +37,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::batch::{Replies, Work};
 use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
@@ -48,24 +47,13 @@ use crate::partition::index::{Entries, Index};
 use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
-use crate::store::{ETag, StoreError};
-use bytes::Bytes;
-
-/// How long a partition counts as contended after the last sign of another writer.
-pub(super) const CONTENDED_FOR: Duration = Duration::from_secs(5);
+use crate::store::ETag;
 
 /// A pending segment older than this is not deferred to: its writer may be gone.
 pub(super) const ABANDON_MS: u64 = 1000;
 
 /// Manifest reads a waiting writer makes before it commits itself.
 pub(super) const MAX_POLLS: u32 = 6;
-
-/// Consecutive sweeps a committer makes with its queue empty.
-pub(super) const MAX_SWEEPS: u32 = 256;
-
-/// Listings in a row that may find nothing pending before a committer stops sweeping:
-/// with few writers the next segment is often a round trip away.
-pub(super) const IDLE_SWEEPS: u32 = 3;
 
 /// Index objects read to find a segment the manifest no longer remembers.
 pub(super) const FOLDED_LOOKUP: usize = 4;
@@ -131,18 +119,6 @@ fn poll_after(round_trip: Duration, first: bool) -> Duration {
 }
 
 impl Committer {
-    /// Whether `q` counts as contended now.
-    pub(super) fn contended(&self, q: &Queue) -> bool {
-        lock(&q.state)
-            .contended_until
-            .is_some_and(|t| Instant::now() < t)
-    }
-
-    /// Records a sign of another writer on `q`.
-    pub(super) fn mark_contended(&self, q: &Queue) {
-        lock(&q.state).contended_until = Some(Instant::now() + CONTENDED_FOR);
-    }
-
     /// The combinable segments of other processes and the intents still pending in
     /// `state`, listed from the store (one LIST), oldest first; none when the listing
     /// fails. Objects too old to commit safely (garbage collection may take them), or
@@ -182,32 +158,6 @@ impl Committer {
             }
         }
         listed
-    }
-
-    /// Writes an intent asking `ask` above `after` (the `combined_through` this process
-    /// knows): one PUT of an empty object, tried twice when the answer is lost (a
-    /// conflict on the second try is the first one having landed).
-    pub(super) async fn write_intent(
-        &self,
-        q: &Queue,
-        after: &str,
-        ask: Ask,
-    ) -> BrokerResult<Intent> {
-        let id = Intent::id(self.clock.now_ms(), after, &self.ids.new_id(), ask);
-        let key = keys::segment(&q.topic, q.partition, &id);
-        let intent = Intent::parse(&id)
-            .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
-        self.stats.intents.fetch_add(1, Ordering::Relaxed);
-        match self.store.put_if_absent(&key, Bytes::new()).await {
-            Ok(_) => Ok(intent),
-            Err(StoreError::Unavailable(_)) => {
-                match self.store.put_if_absent(&key, Bytes::new()).await {
-                    Ok(_) | Err(StoreError::Conflict) => Ok(intent),
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// The fate of this process's combinable segment `id` in `state`: as
@@ -253,56 +203,6 @@ impl Committer {
             }
         }
         Status::Unknown
-    }
-
-    /// Makes this process the partition's committer for a while (see the module
-    /// documentation).
-    pub(super) fn start_sweeping(&self, q: &Queue) {
-        let mut st = lock(&q.state);
-        st.sweeping = true;
-        st.sweeps = 0;
-        st.idle_sweeps = 0;
-    }
-
-    /// One sweep: lists the pending combinable segments and intents and lands them in
-    /// one CAS. Returns the snapshot to cache and whether anything was pending.
-    pub(super) async fn sweep(
-        &self,
-        q: &Queue,
-        cache: Option<Snapshot<Manifest>>,
-    ) -> (Option<Snapshot<Manifest>>, bool) {
-        let with = lock(&q.state).sweep_with.clone();
-        let (Some(snap), Some((rules, topic_etag))) = (cache, with) else {
-            return (None, false);
-        };
-        let listed = self.list_combinable(q, &snap.value, None).await;
-        if listed.is_empty() {
-            return (Some(snap), false);
-        }
-        self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        let ready = Ready {
-            own: Own::default(),
-            listed,
-            snap: snap.clone(),
-        };
-        let (cache, landed) = self
-            .commit(
-                q,
-                Work {
-                    batch: Batch::new(rules),
-                    replies: Replies::default(),
-                    topic_etag,
-                },
-                Some(snap),
-                true,
-                Some(ready),
-            )
-            .await;
-        if landed > 0 {
-            self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
-            self.mark_contended(q);
-        }
-        (cache, landed > 0)
     }
 
     /// Where this batch's own writes stand in `state` (see [`fate`]).
@@ -376,7 +276,7 @@ impl Committer {
         let started = Instant::now();
         // The partition's committer commits this batch itself, at once: its settles and
         // leases go into that commit as they are, and need no intents.
-        let committer = lock(&q.state).sweeping;
+        let committer = lock(&q.state).role.is_committer();
         let mut own = self
             .write_own(q, batch, topic_etag, &snap.value, !committer)
             .await?;
@@ -393,7 +293,7 @@ impl Committer {
                 Err(e) => return Err(e.into()),
             };
             if !unchanged {
-                self.mark_contended(q);
+                lock(&q.state).role.mark_contended(Instant::now());
             }
             match self.own_fate(q, &snap.value, &own).await {
                 Fate::Decided(base) => {
@@ -437,7 +337,7 @@ impl Committer {
             }
         };
         if listed.segments.len() + listed.intents.len() > own.intents.len() {
-            self.mark_contended(q);
+            lock(&q.state).role.mark_contended(Instant::now());
         }
         Ok(Head::Commit(Ready { own, listed, snap }))
     }

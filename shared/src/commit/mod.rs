@@ -21,10 +21,16 @@
 
 mod batch;
 mod combine;
+mod landing;
 mod ordering;
+mod produces;
 mod repair;
+mod replies;
+mod role;
+mod sweep;
 mod upkeep;
 pub mod wake;
+mod write;
 
 use crate::gate::FleetLevel;
 use std::collections::HashMap;
@@ -52,6 +58,7 @@ use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
 pub use repair::Repair;
+use role::{Idle, Role};
 pub use wake::Wakers;
 
 /// A segment older than this is never committed (garbage collection's grace period is
@@ -167,21 +174,8 @@ struct QueueState {
     cache: Option<Snapshot<Manifest>>,
     /// Operations in the previous batch: lingering pays only when there is company.
     last_batch: usize,
-    /// Until when this partition counts as contended (another process wrote it while a
-    /// batch of this one was being committed): see [`combine`].
-    contended_until: Option<tokio::time::Instant>,
-    /// Whether the last commit found the cached snapshot out of date: the next one
-    /// confirms it before writing.
-    stale_cache: bool,
-    /// Whether this process is the partition's committer ([`combine`]): it sweeps
-    /// other processes' segments while its queue is empty.
-    sweeping: bool,
-    /// Sweeps since the queue last held operations.
-    sweeps: u32,
-    /// Sweeps in a row that found nothing pending.
-    idle_sweeps: u32,
-    /// The rules and topic ETag sweeps commit under (those of the last produce batch).
-    sweep_with: Option<(Rules, ETag)>,
+    /// This process's part on the partition when other processes write it too.
+    role: Role,
     /// Message keys the last batch read for per-key ordering, at or above the frontier
     /// (facts: the next batch starts from them, and [`Committer::peek`] uses them).
     keys: lease::Keys,
@@ -486,18 +480,15 @@ impl Committer {
             let next = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
-                    if !st.sweeping || st.sweeps >= combine::MAX_SWEEPS {
-                        st.sweeping = false;
+                    if st.role.idle() == Idle::Stop {
                         st.running = false;
                         return;
                     }
-                    st.sweeps += 1;
                     Next::Sweep(st.cache.take())
                 } else {
                     let n = batch_len(&st.pending);
                     let batch: Vec<Pending> = st.pending.drain(..n).collect();
                     st.last_batch = batch.len();
-                    st.sweeps = 0;
                     Next::Batch(batch, st.cache.take())
                 }
             };
@@ -515,11 +506,10 @@ impl Committer {
                 }
                 Next::Sweep(cache) => {
                     let span = commit_span("sweep", &q, id, 0);
-                    let (cache, found) = self.sweep(&q, cache).instrument(span).await;
+                    let (cache, landed) = self.sweep(&q, cache).instrument(span).await;
                     let mut st = lock(&q.state);
                     st.cache = cache;
-                    st.idle_sweeps = if found { 0 } else { st.idle_sweeps + 1 };
-                    st.sweeping &= st.idle_sweeps <= combine::IDLE_SWEEPS;
+                    st.role.swept(landed, tokio::time::Instant::now());
                 }
             }
         }

@@ -1,0 +1,260 @@
+//! What one batch's commit lands besides its own produces, across attempts: other
+//! processes' combinable segments and intents (when the partition is contended), and the
+//! batch's own intents (its settles and lease requests, when it combines).
+//!
+//! Landing other processes' writes is a favour, not the batch's work: a batch whose own
+//! writes another process's commit decided answers at once, and a sweep that lost a race
+//! leaves the landing to the process that won it. Either way that attempt lands nothing
+//! foreign, so it cannot keep losing races to a busy committer ([`listing`]).
+
+use std::sync::atomic::Ordering;
+
+use super::combine::Listed;
+use super::{Committer, Queue};
+use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
+use crate::partition::{Manifest, SegmentRef};
+
+/// Where a batch's own writes stand at the start of one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Progress {
+    /// The batch has produces.
+    pub produces: bool,
+    /// Its combinable segment landed (in another process's commit).
+    pub segment_landed: bool,
+    /// It has intents of its own.
+    pub intents: bool,
+    /// Every one of them is decided.
+    pub intents_decided: bool,
+    /// It holds nothing but produces (its settles and leases, if any, are intents).
+    pub only_produces: bool,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+}
+
+/// What an attempt lands besides the batch's own produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Listing {
+    /// Only the batch's own intents: its writes are decided already, or it is a sweep
+    /// that lost a race.
+    OwnOnly,
+    /// What a listing of the partition against this attempt's state finds pending.
+    Afresh,
+    /// What was listed before, against this same state (or nothing, not combining).
+    AsListed,
+}
+
+/// What an attempt from `p` lands: a combining batch lists again whenever the state it
+/// listed against moved on (`listed_current` false).
+pub(super) fn listing(p: Progress, combining: bool, listed_current: bool) -> Listing {
+    let has_own = p.produces || p.intents;
+    let own_done =
+        has_own && (p.segment_landed || !p.produces) && p.intents_decided && p.only_produces;
+    let sweep = p.only_produces && !has_own;
+    if own_done || (sweep && p.attempt > 1) {
+        Listing::OwnOnly
+    } else if combining && !listed_current {
+        Listing::Afresh
+    } else {
+        Listing::AsListed
+    }
+}
+
+/// One batch's landing (see the module documentation).
+#[derive(Debug, Default)]
+pub(super) struct Landing {
+    /// Whether to list and land other processes' writes.
+    combining: bool,
+    /// Other processes' combinable segments, listed against manifest version `listed_at`.
+    foreign: Vec<SegmentRef>,
+    /// Intents listed with them, and the batch's own.
+    intents: Vec<Intent>,
+    /// The batch's own intents.
+    own: Vec<Intent>,
+    listed_at: Option<u64>,
+}
+
+impl Landing {
+    /// A landing that lists (when `combining`) on its first attempt.
+    pub fn new(combining: bool) -> Self {
+        Self {
+            combining,
+            ..Self::default()
+        }
+    }
+
+    /// A combining landing starting from what a listing against manifest version `at`
+    /// found, with the batch's `own` intents.
+    pub fn listed(listed: Listed, at: u64, own: Vec<Intent>) -> Self {
+        Self {
+            combining: true,
+            foreign: listed.segments,
+            intents: listed.intents,
+            own,
+            listed_at: Some(at),
+        }
+    }
+
+    /// Whether it lands other processes' writes (the partition is contended).
+    pub fn combining(&self) -> bool {
+        self.combining
+    }
+
+    /// The batch's own intents.
+    pub fn own(&self) -> &[Intent] {
+        &self.own
+    }
+
+    /// Other processes' segments this attempt lands.
+    pub fn foreign(&self) -> &[SegmentRef] {
+        &self.foreign
+    }
+
+    /// The intents this attempt applies.
+    pub fn intents(&self) -> &[Intent] {
+        &self.intents
+    }
+
+    /// Whether this attempt applies lease intents.
+    pub fn leases(&self) -> bool {
+        self.intents
+            .iter()
+            .any(|i| matches!(i.ask, Ask::Lease { .. }))
+    }
+
+    /// Writes again each of the batch's own intents that `state` shows passed over (it
+    /// can never land); returns whether every one is decided in `state`.
+    pub async fn check_own_intents(&mut self, c: &Committer, q: &Queue, state: &Manifest) -> bool {
+        let mut done = true;
+        for own in &mut self.own {
+            match intent::status(state, &own.id) {
+                IntentStatus::Decided(_) | IntentStatus::Unknown => {}
+                IntentStatus::Pending => done = false,
+                IntentStatus::Dead => {
+                    done = false;
+                    let after = state.combined_through.as_str();
+                    if let Ok(again) = c.write_intent(q, after, own.ask).await {
+                        c.stats.rewritten.fetch_add(1, Ordering::Relaxed);
+                        *own = again;
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    /// Decides what the attempt from `state` lands ([`listing`]), listing the partition
+    /// if it must (`own_segment`: the batch's own, left out).
+    pub async fn prepare(
+        &mut self,
+        c: &Committer,
+        q: &Queue,
+        state: &Manifest,
+        p: Progress,
+        own_segment: Option<&str>,
+    ) {
+        match listing(p, self.combining, self.listed_at == Some(state.version)) {
+            Listing::OwnOnly => {
+                self.foreign.clear();
+                self.intents.clone_from(&self.own);
+            }
+            Listing::Afresh => {
+                let listed = c.list_combinable(q, state, own_segment).await;
+                self.foreign = listed.segments;
+                self.intents = listed.intents;
+                self.intents.extend(self.own.iter().cloned());
+            }
+            Listing::AsListed => {
+                for i in &self.own {
+                    if !self.intents.iter().any(|l| l.id == i.id) {
+                        self.intents.push(i.clone());
+                    }
+                }
+                return;
+            }
+        }
+        self.listed_at = Some(state.version);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress() -> Progress {
+        Progress {
+            produces: true,
+            segment_landed: false,
+            intents: false,
+            intents_decided: true,
+            only_produces: true,
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn a_combining_batch_lists_again_only_when_the_state_moved() {
+        assert_eq!(listing(progress(), true, false), Listing::Afresh);
+        assert_eq!(listing(progress(), true, true), Listing::AsListed);
+        // Not combining: never lists, whatever the state.
+        assert_eq!(listing(progress(), false, false), Listing::AsListed);
+    }
+
+    #[test]
+    fn a_batch_decided_by_another_commit_lands_nothing_foreign() {
+        let landed = Progress {
+            segment_landed: true,
+            ..progress()
+        };
+        assert_eq!(listing(landed, true, false), Listing::OwnOnly);
+        // Its segment landed but one of its intents is still pending: it still lands.
+        let pending = Progress {
+            intents: true,
+            intents_decided: false,
+            ..landed
+        };
+        assert_eq!(listing(pending, true, false), Listing::Afresh);
+        // Intents only, all decided.
+        let settled = Progress {
+            produces: false,
+            intents: true,
+            ..progress()
+        };
+        assert_eq!(listing(settled, true, true), Listing::OwnOnly);
+    }
+
+    #[test]
+    fn a_sweep_lists_once_and_lands_nothing_after_losing_a_race() {
+        let sweep = Progress {
+            produces: false,
+            ..progress()
+        };
+        assert_eq!(listing(sweep, true, true), Listing::AsListed);
+        assert_eq!(listing(sweep, true, false), Listing::Afresh);
+        let retry = Progress {
+            attempt: 2,
+            ..sweep
+        };
+        assert_eq!(listing(retry, true, false), Listing::OwnOnly);
+    }
+
+    #[test]
+    fn an_ordinary_batch_of_settles_never_lists() {
+        let settles = Progress {
+            produces: false,
+            only_produces: false,
+            ..progress()
+        };
+        assert_eq!(listing(settles, false, false), Listing::AsListed);
+        assert_eq!(
+            listing(
+                Progress {
+                    attempt: 3,
+                    ..settles
+                },
+                false,
+                false
+            ),
+            Listing::AsListed
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! The produces of one batch across its commit attempts: the plan made against each
+//! attempt's state (which messages are new, which are retries of remembered idempotency
+//! keys), the one segment written for it, and why none could be.
+//!
+//! A later attempt reuses the segment unless its plan differs (another writer committed
+//! one of the keys meanwhile), in which case a fresh one is written and the old one is
+//! left to garbage collection. A segment older than [`MAX_SEGMENT_AGE_AT_COMMIT_MS`] is
+//! never committed.
+
+use std::collections::HashMap;
+
+use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::error::BrokerError;
+use crate::keys;
+use crate::partition::batch::Batch;
+use crate::partition::combine::{self, Combinable, Status};
+use crate::partition::produce::Plan;
+use crate::partition::{Manifest, SegmentRef};
+use crate::store::ETag;
+
+/// One batch's produces (see the module documentation).
+#[derive(Default)]
+pub(super) struct Produces {
+    /// The plan of the current attempt.
+    plan: Option<Plan>,
+    /// The plan the current segment (or refusal) was made for.
+    written_for: Option<Plan>,
+    segment: Option<SegmentRef>,
+    /// Why the produces cannot be committed (the segment write failed, say).
+    refused: Option<BrokerError>,
+    /// Offsets of the batch's idempotency keys found in chunk objects.
+    spilled: HashMap<String, u64>,
+    /// Where this batch's combinable segment landed, found in an index object.
+    found_at: Option<u64>,
+}
+
+/// Whether `batch` has produces and none carries an idempotency key or a delay: its
+/// segment can be committed by any process ([`crate::partition::combine`]), which knows
+/// nothing but the segment.
+pub(super) fn combinable(batch: &Batch) -> bool {
+    !batch.produces.is_empty()
+        && batch
+            .produces
+            .iter()
+            .flatten()
+            .all(|m| m.idempotency_key.is_none() && m.delay_ms == 0)
+}
+
+impl Produces {
+    /// Produces whose segment a combining head wrote already, for `plan`.
+    pub fn written(segment: Option<(SegmentRef, Plan)>) -> Self {
+        let (segment, written_for) = segment.map_or((None, None), |(s, p)| (Some(s), Some(p)));
+        Self {
+            segment,
+            written_for,
+            ..Self::default()
+        }
+    }
+
+    /// The segment this attempt commits, if any.
+    pub fn segment(&self) -> Option<&SegmentRef> {
+        self.segment.as_ref()
+    }
+
+    /// Where the segment landed, when only an index object could tell.
+    pub fn found_at(&self) -> Option<u64> {
+        self.found_at
+    }
+
+    /// Why the produces could not be committed, if they could not.
+    pub fn refused(&self) -> Option<&BrokerError> {
+        self.refused.as_ref()
+    }
+
+    /// Plans `batch`'s produces against `state` and writes the segment the plan needs
+    /// (unless the last attempt wrote it for the same plan). Returns whether the batch's
+    /// combinable segment has landed already (in a commit of another process).
+    pub async fn prepare(
+        &mut self,
+        c: &Committer,
+        q: &Queue,
+        (batch, topic_etag): (&Batch, &ETag),
+        state: &Manifest,
+        now: u64,
+    ) -> bool {
+        let landed = self.check_own_segment(c, q, state).await;
+        let spilled = match c.spilled_keys(q, state, now, &batch.produces).await {
+            Ok(found) => found,
+            Err(e) => {
+                // Without the spilled keys no produce can be planned safely: none is made.
+                (self.segment, self.refused, self.written_for) = (None, Some(e), None);
+                self.spilled = HashMap::new();
+                self.plan = Some(Plan::refused(&batch.produces));
+                return landed;
+            }
+        };
+        let plan = Plan::new(&batch.produces, state, now, &|k| spilled.get(k).copied());
+        self.spilled = spilled;
+        if self.written_for.as_ref() != Some(&plan) {
+            (self.segment, self.refused) = (None, None);
+            if plan.needs_segment() {
+                let messages = plan.new_messages(&batch.produces);
+                let after = combinable(batch).then_some(state.combined_through.as_str());
+                match c.write_segment(q, topic_etag, messages, after).await {
+                    Ok(seg) => self.segment = Some(seg),
+                    Err(e) => self.refused = Some(e),
+                }
+            }
+            self.written_for = Some(plan.clone());
+        }
+        // A segment must never be committed after garbage collection could have taken
+        // it for an orphan: if this process stalled since writing it, give up on it.
+        if let Some(seg) = &self.segment {
+            let written = keys::segment_time(&seg.id).unwrap_or(0);
+            let age = c.clock.now_ms().saturating_sub(written);
+            if age > MAX_SEGMENT_AGE_AT_COMMIT_MS {
+                (self.segment, self.refused) = (None, Some(BrokerError::Contention));
+            }
+        }
+        self.plan = Some(plan);
+        landed
+    }
+
+    /// The plan for applying to `m`: the one `prepare` made against it, or (had it not
+    /// run) one made now.
+    pub fn take_plan(&mut self, batch: &Batch, m: &Manifest, now: u64) -> Plan {
+        self.plan.take().unwrap_or_else(|| {
+            let spilled = &self.spilled;
+            Plan::new(&batch.produces, m, now, &|k| spilled.get(k).copied())
+        })
+    }
+
+    /// Puts back the plan `take_plan` gave.
+    pub fn keep_plan(&mut self, plan: Plan) {
+        self.plan = Some(plan);
+    }
+
+    /// The plan of the current attempt, once made.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+
+    /// If this batch's combinable segment is dead in `state` (it can never land), forgets
+    /// it so that `prepare` writes the messages again under a new id; if its fate can no
+    /// longer be told, refuses the batch (503: the outcome is unknown). Returns whether
+    /// the segment has landed already.
+    async fn check_own_segment(&mut self, c: &Committer, q: &Queue, state: &Manifest) -> bool {
+        let Some(seg) = &self.segment else {
+            return false;
+        };
+        if Combinable::parse(&seg.id).is_none() {
+            return false;
+        }
+        self.found_at = None;
+        match c.segment_status(q, state, &seg.id).await {
+            Status::Dead => (self.segment, self.written_for) = (None, None),
+            // Landed, and no longer in the manifest's own memory: apply cannot tell.
+            Status::Landed(base) if combine::status(state, &seg.id) == Status::Unknown => {
+                self.found_at = Some(base);
+                return true;
+            }
+            Status::Landed(_) => return true,
+            Status::Unknown => {
+                self.segment = None;
+                self.refused = Some(BrokerError::Contention);
+            }
+            Status::Pending => {}
+        }
+        false
+    }
+}

@@ -1,0 +1,234 @@
+//! The callers of one batch and how each is answered: from the manifest this process
+//! wrote, or (a combining batch) from what another process's commit recorded of its
+//! segment and intents. Nobody is answered before the manifest that holds their
+//! operation was written or read.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::combine::Own;
+use super::{LeaseAnswer, Op, Pending};
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::batch::{self, Applied, Batch};
+use crate::partition::intent::{self, Intent, Status as IntentStatus};
+use crate::partition::produce::Unplaced;
+use crate::partition::{Layout, Manifest, Rules};
+use crate::settings::TopicSettings;
+use crate::store::ETag;
+
+/// The callers of a batch, group by group in the batch's order.
+#[derive(Default)]
+pub(super) struct Replies {
+    produced: Vec<oneshot::Sender<BrokerResult<Vec<u64>>>>,
+    settled: Vec<oneshot::Sender<BrokerResult<()>>>,
+    leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
+    compacted: Vec<oneshot::Sender<BrokerResult<u64>>>,
+    purged: Vec<oneshot::Sender<BrokerResult<u64>>>,
+}
+
+impl Replies {
+    pub(super) fn len(&self) -> usize {
+        self.produced.len()
+            + self.settled.len()
+            + self.leased.len()
+            + self.compacted.len()
+            + self.purged.len()
+    }
+
+    /// Answers every caller with its own result; leases with the committed `layout`, and
+    /// as `shared` when the partition is contended (other processes lease from it too).
+    pub(super) fn answer(
+        self,
+        applied: Applied,
+        refused: Option<&BrokerError>,
+        layout: Arc<Layout>,
+        shared: bool,
+    ) {
+        for (tx, r) in self.produced.into_iter().zip(applied.produced) {
+            let r = r.map_err(|why| match why {
+                Unplaced::DelayedFull => BrokerError::DelayedFull,
+                Unplaced::NoSegment => refused.cloned().unwrap_or_else(|| {
+                    BrokerError::Internal("a produce found no segment and no refusal".into())
+                }),
+            });
+            let _ = tx.send(r);
+        }
+        for (tx, r) in self.settled.into_iter().zip(applied.settled) {
+            let _ = tx.send(r.map_err(BrokerError::from));
+        }
+        for (tx, leased) in self.leased.into_iter().zip(applied.leased) {
+            let layout = layout.clone();
+            let _ = tx.send(Ok(LeaseAnswer {
+                leased,
+                layout,
+                shared,
+            }));
+        }
+        for (tx, r) in self.compacted.into_iter().zip(applied.compacted) {
+            let _ = tx.send(Ok(r));
+        }
+        for (tx, r) in self.purged.into_iter().zip(applied.purged) {
+            let _ = tx.send(Ok(r));
+        }
+    }
+
+    /// Answers a combining batch that other processes' commits decided, as `state`
+    /// shows: its produces from its segment's base offset, its settles and leases from
+    /// the outcomes of its `own` intents.
+    pub(super) fn answer_decided(
+        self,
+        batch: &Batch,
+        base: Option<u64>,
+        own: &Own,
+        state: &Manifest,
+    ) {
+        let mut next = base;
+        for (tx, msgs) in self.produced.into_iter().zip(&batch.produces) {
+            let n = msgs.len() as u64;
+            let _ = tx.send(match next {
+                Some(b) => {
+                    next = Some(b + n);
+                    Ok((b..b + n).collect())
+                }
+                None => Err(BrokerError::Contention),
+            });
+        }
+        answer_intents(self.settled, self.leased, &own.intents, state);
+    }
+
+    /// Answers a combining batch this process committed: its produces from `applied`,
+    /// its settles and leases from the outcomes of its `own` intents in `state`.
+    pub(super) fn answer_own(
+        self,
+        applied: Applied,
+        refused: Option<&BrokerError>,
+        own: &[Intent],
+        state: &Manifest,
+    ) {
+        let layout = Arc::new(state.layout());
+        let Self {
+            produced,
+            settled,
+            leased,
+            compacted,
+            purged,
+        } = self;
+        let produces = Self {
+            produced,
+            ..Self::default()
+        };
+        produces.answer(applied, refused, layout, true);
+        answer_intents(settled, leased, own, state);
+        // A combining batch holds neither; should one slip in, it is not left hanging.
+        let e = BrokerError::Internal("not a combining operation".into());
+        Self {
+            compacted,
+            purged,
+            ..Self::default()
+        }
+        .fail(&e);
+    }
+
+    /// Answers every caller with `e`.
+    pub(super) fn fail(self, e: &BrokerError) {
+        fn all<T>(txs: Vec<oneshot::Sender<BrokerResult<T>>>, e: &BrokerError) {
+            for tx in txs {
+                let _ = tx.send(Err(e.clone()));
+            }
+        }
+        all(self.produced, e);
+        all(self.settled, e);
+        all(self.leased, e);
+        all(self.compacted, e);
+        all(self.purged, e);
+    }
+}
+
+/// Answers settles and lease requests from the outcomes `state` records of their intents
+/// (`own`: the settles' first, in order, then the lease requests'). One whose outcome is
+/// not recorded gets 503 (the outcome unknown). A lease answers only the grants `state`
+/// still shows held by it.
+fn answer_intents(
+    settled: Vec<oneshot::Sender<BrokerResult<()>>>,
+    leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
+    own: &[Intent],
+    state: &Manifest,
+) {
+    let outcome = |i: Option<&Intent>| match i.map(|i| intent::status(state, &i.id)) {
+        Some(IntentStatus::Decided(o)) => Some(o),
+        _ => None,
+    };
+    let n = settled.len();
+    for (k, tx) in settled.into_iter().enumerate() {
+        let r = outcome(own.get(k))
+            .and_then(|o| o.settle_result())
+            .map_or(Err(BrokerError::Contention), |r| {
+                r.map_err(BrokerError::from)
+            });
+        let _ = tx.send(r);
+    }
+    let layout = Arc::new(state.layout());
+    for (k, tx) in leased.into_iter().enumerate() {
+        let r = match outcome(own.get(n + k)).and_then(|o| o.lease_result()) {
+            Some(mut got) => {
+                let held = |g: &crate::partition::Grant| {
+                    state
+                        .leases
+                        .get(&g.offset)
+                        .is_some_and(|l| l.lease_id == g.lease_id)
+                };
+                got.grants.retain(held);
+                got.dead.retain(held);
+                Ok(LeaseAnswer {
+                    leased: got,
+                    layout: layout.clone(),
+                    shared: true,
+                })
+            }
+            None => Err(BrokerError::Contention),
+        };
+        let _ = tx.send(r);
+    }
+}
+
+/// Splits queued operations into the pure batch and the callers to answer.
+pub(super) fn split(pending: Vec<Pending>) -> (Batch, Replies, ETag) {
+    // Retention and the dedup window follow the first operation's view of the topic.
+    let rules = pending
+        .first()
+        .map_or_else(|| Rules::from(&TopicSettings::default()), |p| p.rules);
+    let mut batch = Batch::new(rules);
+    let mut replies = Replies::default();
+    let mut topic_etag = None;
+    for p in pending {
+        topic_etag.get_or_insert(p.topic_etag);
+        match p.op {
+            Op::Produce(msgs, tx) => {
+                batch.produces.push(msgs);
+                replies.produced.push(tx);
+            }
+            Op::Settle(op, tx) => {
+                batch.settles.push(op);
+                replies.settled.push(tx);
+            }
+            Op::Lease(max, max_bytes, tx) => {
+                batch.leases.push(batch::LeaseOp {
+                    max,
+                    max_bytes,
+                    rules: p.rules,
+                });
+                replies.leased.push(tx);
+            }
+            Op::Compact(swaps, tx) => {
+                batch.swaps.push(swaps);
+                replies.compacted.push(tx);
+            }
+            Op::Purge(tx) => {
+                batch.purges += 1;
+                replies.purged.push(tx);
+            }
+        }
+    }
+    (batch, replies, topic_etag.unwrap_or_else(|| ETag::new("")))
+}

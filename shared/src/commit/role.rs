@@ -1,0 +1,238 @@
+//! The part one process plays on one partition that many processes write
+//! ([`super::combine`]): whether the partition counts as contended, whether this process
+//! is its committer (it sweeps other processes' writes while its own queue is empty), and
+//! what the last commit taught about the snapshot it caches.
+//!
+//! The state is private: the drain loop, a batch and a sweep each report what they saw
+//! through one method, and the transitions are plain code tested below without a store.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::partition::Rules;
+use crate::store::ETag;
+
+/// How long a partition counts as contended after the last sign of another writer.
+pub(super) const CONTENDED_FOR: Duration = Duration::from_secs(5);
+
+/// Consecutive sweeps a committer makes with its queue empty.
+pub(super) const MAX_SWEEPS: u32 = 256;
+
+/// Listings in a row that may find nothing pending before a committer stops sweeping:
+/// with few writers the next segment is often a round trip away.
+pub(super) const IDLE_SWEEPS: u32 = 3;
+
+/// How one batch's manifest write went, as the role needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Attempts {
+    /// Conditional writes tried (more than one: the snapshot was out of date).
+    pub tries: u32,
+    /// Whether the cached snapshot was confirmed with a conditional GET first.
+    pub refreshed: bool,
+    /// Whether the batch had callers (a sweep has none).
+    pub callers: bool,
+}
+
+impl Attempts {
+    /// Whether another writer raced this one: one conflict on a cache not confirmed first
+    /// is a stale cache (a lone client whose requests rotate over processes), not a race.
+    pub fn raced(&self) -> bool {
+        self.tries > if self.refreshed { 1 } else { 2 }
+    }
+}
+
+/// What the drain loop does when its queue is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Idle {
+    /// Sweep once more.
+    Sweep,
+    /// Stop: the task ends until the next operation is queued.
+    Stop,
+}
+
+/// This process's role on one partition (see the module documentation).
+#[derive(Debug, Default)]
+pub(super) struct Role {
+    /// Until when the partition counts as contended.
+    contended_until: Option<Instant>,
+    /// Whether the last commit found the cached snapshot out of date: the next one
+    /// confirms it before writing.
+    stale_cache: bool,
+    /// Whether this process is the partition's committer.
+    sweeping: bool,
+    /// Sweeps since the queue last held operations.
+    sweeps: u32,
+    /// Sweeps in a row that found nothing pending.
+    idle_sweeps: u32,
+    /// The rules and topic ETag sweeps commit under (those of the last batch).
+    sweep_with: Option<(Rules, ETag)>,
+}
+
+impl Role {
+    /// Whether the partition counts as contended at `now`.
+    pub fn contended(&self, now: Instant) -> bool {
+        self.contended_until.is_some_and(|t| now < t)
+    }
+
+    /// Records a sign of another writer, seen at `now`.
+    pub fn mark_contended(&mut self, now: Instant) {
+        self.contended_until = Some(now + CONTENDED_FOR);
+    }
+
+    /// Whether this process is the partition's committer: it commits its own operations
+    /// at once, as they are, and sweeps while idle.
+    pub fn is_committer(&self) -> bool {
+        self.sweeping
+    }
+
+    /// Makes this process the partition's committer (it took over a combining commit).
+    pub fn become_committer(&mut self) {
+        self.sweeping = true;
+        self.sweeps = 0;
+        self.idle_sweeps = 0;
+    }
+
+    /// Whether the next commit confirms the cached snapshot first.
+    pub fn confirm_cache_first(&self) -> bool {
+        self.stale_cache
+    }
+
+    /// A batch of queued operations was taken, to commit under `rules` for a topic whose
+    /// record had ETag `topic_etag`: sweeps after it commit the same way.
+    pub fn took_batch(&mut self, rules: Rules, topic_etag: ETag) {
+        self.sweeps = 0;
+        self.sweep_with = Some((rules, topic_etag));
+    }
+
+    /// The rules and topic ETag a sweep commits under; `None` before any batch.
+    pub fn sweep_with(&self) -> Option<(Rules, ETag)> {
+        self.sweep_with.clone()
+    }
+
+    /// The queue is empty: sweep again, or stop (and stop being the committer).
+    pub fn idle(&mut self) -> Idle {
+        if !self.sweeping || self.sweeps >= MAX_SWEEPS {
+            self.sweeping = false;
+            return Idle::Stop;
+        }
+        self.sweeps += 1;
+        Idle::Sweep
+    }
+
+    /// A sweep ended at `now`, having landed something or not.
+    pub fn swept(&mut self, landed: bool, now: Instant) {
+        if landed {
+            self.idle_sweeps = 0;
+            self.mark_contended(now);
+        } else {
+            self.idle_sweeps += 1;
+        }
+        self.sweeping &= self.idle_sweeps <= IDLE_SWEEPS;
+    }
+
+    /// A batch's (or sweep's) manifest write ended at `now` after `a`.
+    pub fn committed(&mut self, a: Attempts, now: Instant) {
+        self.stale_cache = a.tries > 1;
+        if a.raced() {
+            self.mark_contended(now);
+        }
+        if a.tries > 1 && !a.callers {
+            // A sweep lost a race: another process commits; leave the sweeping to it.
+            self.sweeping = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tried(tries: u32, refreshed: bool, callers: bool) -> Attempts {
+        Attempts {
+            tries,
+            refreshed,
+            callers,
+        }
+    }
+
+    #[test]
+    fn contention_lasts_for_a_while_after_its_last_sign() {
+        let t0 = Instant::now();
+        let mut r = Role::default();
+        assert!(!r.contended(t0));
+        r.mark_contended(t0);
+        assert!(r.contended(t0 + CONTENDED_FOR / 2));
+        assert!(!r.contended(t0 + CONTENDED_FOR));
+    }
+
+    #[test]
+    fn a_stale_cache_alone_is_not_a_race() {
+        let t0 = Instant::now();
+        let mut r = Role::default();
+        // One conflict on an unconfirmed cache: stale, confirm next time, not contended.
+        r.committed(tried(2, false, true), t0);
+        assert!(r.confirm_cache_first() && !r.contended(t0));
+        // A conflict after confirming it: another writer.
+        r.committed(tried(2, true, true), t0);
+        assert!(r.contended(t0));
+        let mut r = Role::default();
+        r.committed(tried(3, false, true), t0);
+        assert!(r.contended(t0));
+        r.committed(tried(1, true, true), t0);
+        assert!(!r.confirm_cache_first());
+    }
+
+    #[test]
+    fn a_committer_sweeps_until_idle_or_spent_and_a_lost_sweep_stops_it() {
+        let t0 = Instant::now();
+        let mut r = Role::default();
+        assert_eq!(r.idle(), Idle::Stop, "not the committer: nothing to sweep");
+        r.become_committer();
+        for _ in 0..=IDLE_SWEEPS {
+            assert_eq!(r.idle(), Idle::Sweep);
+            r.swept(false, t0);
+        }
+        assert_eq!(r.idle(), Idle::Stop, "idle listings in a row end the role");
+        assert!(!r.is_committer());
+
+        r.become_committer();
+        for _ in 0..MAX_SWEEPS {
+            assert_eq!(r.idle(), Idle::Sweep);
+            r.swept(true, t0);
+        }
+        assert_eq!(
+            r.idle(),
+            Idle::Stop,
+            "a busy committer stops after MAX_SWEEPS"
+        );
+
+        r.become_committer();
+        assert_eq!(r.idle(), Idle::Sweep);
+        r.committed(tried(2, false, false), t0);
+        assert!(
+            !r.is_committer(),
+            "a sweep that lost a race leaves it to the winner"
+        );
+        r.become_committer();
+        r.committed(tried(2, false, true), t0);
+        assert!(
+            r.is_committer(),
+            "a batch with callers that retried keeps the role"
+        );
+    }
+
+    #[test]
+    fn a_batch_restarts_the_sweep_count_and_sets_what_sweeps_commit_under() {
+        let mut r = Role::default();
+        assert!(r.sweep_with().is_none());
+        r.become_committer();
+        for _ in 0..MAX_SWEEPS {
+            r.idle();
+        }
+        let rules = Rules::from(&crate::settings::TopicSettings::default());
+        r.took_batch(rules, ETag::new("e1"));
+        assert_eq!(r.idle(), Idle::Sweep);
+        assert_eq!(r.sweep_with().map(|(_, e)| e), Some(ETag::new("e1")));
+    }
+}

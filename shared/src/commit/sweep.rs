@@ -1,0 +1,48 @@
+//! The partition's committer at work while its own queue is empty ([`super::role`]): one
+//! listing of the pending combinable segments and intents, and one CAS that lands them
+//! all, answering nobody here (their writers read the manifest).
+
+use std::sync::atomic::Ordering;
+
+use super::batch::Work;
+use super::combine::{Own, Ready};
+use super::replies::Replies;
+use super::{lock, Committer, Queue};
+use crate::cas::Snapshot;
+use crate::partition::batch::Batch;
+use crate::partition::Manifest;
+
+impl Committer {
+    /// One sweep from `cache`. Returns the snapshot to cache and whether it landed
+    /// anything.
+    pub(super) async fn sweep(
+        &self,
+        q: &Queue,
+        cache: Option<Snapshot<Manifest>>,
+    ) -> (Option<Snapshot<Manifest>>, bool) {
+        let with = lock(&q.state).role.sweep_with();
+        let (Some(snap), Some((rules, topic_etag))) = (cache, with) else {
+            return (None, false);
+        };
+        let listed = self.list_combinable(q, &snap.value, None).await;
+        if listed.is_empty() {
+            return (Some(snap), false);
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let ready = Ready {
+            own: Own::default(),
+            listed,
+            snap: snap.clone(),
+        };
+        let work = Work {
+            batch: Batch::new(rules),
+            replies: Replies::default(),
+            topic_etag,
+        };
+        let (cache, landed) = self.commit(q, work, Some(snap), true, Some(ready)).await;
+        if landed > 0 {
+            self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+        }
+        (cache, landed > 0)
+    }
+}
