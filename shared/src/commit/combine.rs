@@ -308,7 +308,7 @@ impl Committer {
                     dead_intents,
                 } if dead_segment || !dead_intents.is_empty() => {
                     let started = Instant::now();
-                    let after = snap.value.combined_through.clone();
+                    let after = snap.value.ids_above().to_owned();
                     let dead = (dead_segment, &dead_intents[..]);
                     self.rewrite(q, batch, topic_etag, &mut own, dead, &after)
                         .await?;
@@ -343,7 +343,7 @@ impl Committer {
     }
 
     /// Writes `batch`'s segment (when it has produces) and, with `intents`, its intents at
-    /// once, above the `combined_through` of `state`.
+    /// once, above [`Manifest::ids_above`] of `state`.
     async fn write_own(
         &self,
         q: &Queue,
@@ -352,7 +352,7 @@ impl Committer {
         state: &Manifest,
         intents: bool,
     ) -> BrokerResult<Own> {
-        let after = state.combined_through.as_str();
+        let after = state.ids_above();
         let segment = async {
             if batch.produces.is_empty() {
                 return Ok(None);

@@ -131,7 +131,7 @@ impl Landing {
                 IntentStatus::Pending => done = false,
                 IntentStatus::Dead => {
                     done = false;
-                    let after = state.combined_through.as_str();
+                    let after = state.ids_above();
                     if let Ok(again) = c.write_intent(q, after, own.ask).await {
                         c.stats.rewritten.fetch_add(1, Ordering::Relaxed);
                         *own = again;

@@ -28,6 +28,8 @@ mod repair;
 mod replies;
 mod role;
 mod sweep;
+#[cfg(test)]
+mod tests;
 mod upkeep;
 pub mod wake;
 mod write;

@@ -100,7 +100,7 @@ impl Produces {
             (self.segment, self.refused) = (None, None);
             if plan.needs_segment() {
                 let messages = plan.new_messages(&batch.produces);
-                let after = combinable(batch).then_some(state.combined_through.as_str());
+                let after = combinable(batch).then_some(state.ids_above());
                 match c.write_segment(q, topic_etag, messages, after).await {
                     Ok(seg) => self.segment = Some(seg),
                     Err(e) => self.refused = Some(e),

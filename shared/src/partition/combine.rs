@@ -27,6 +27,27 @@ use super::{Manifest, SegmentRef};
 /// How many landed combinable segments a manifest remembers.
 pub const LANDED_KEEP: usize = 64;
 
+/// The start of a combinable segment's or an intent's id, `{ms:013}-{unique}` (dashes
+/// taken out of `unique`): written at `now_ms`, and always above `after` (what the writer
+/// knows of [`Manifest::ids_above`]), so that it is never passed over on arrival. A writer
+/// whose clock lags writes at the millisecond of `after`, and one past it when its unique
+/// part would sort at or below `after`'s (two processes within one millisecond; within
+/// one process unique parts rise). Ids run ahead of the clock only as far as such steps
+/// take them.
+pub fn stem(now_ms: u64, after: &str, unique: &str) -> String {
+    let floor = after
+        .split_once('-')
+        .and_then(|(t, _)| t.parse::<u64>().ok())
+        .unwrap_or(0);
+    let unique: String = unique.chars().filter(|c| *c != '-').collect();
+    let at = format!("{:013}-{unique}", now_ms.max(floor));
+    if at.as_str() > after {
+        at
+    } else {
+        format!("{:013}-{unique}", floor + 1)
+    }
+}
+
 /// A combinable segment as named by its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Combinable {
@@ -41,18 +62,10 @@ pub struct Combinable {
 }
 
 impl Combinable {
-    /// The id of a combinable segment written at `now_ms`, or at the time of `after` (the
-    /// `combined_through` the writer knows) when that is later: a writer whose clock is
-    /// behind does not write below the landed ids for as long as its clock lags. Within
-    /// one millisecond ids order by `unique` (time-ordered per process), so an id may still
-    /// sort at or below `after`; it is then dead at once and written again.
+    /// The id of a combinable segment of `count` messages and `bytes` of payload, its
+    /// time and unique part as [`stem`] makes them.
     pub fn id(now_ms: u64, after: &str, unique: &str, count: u32, bytes: u64) -> String {
-        let floor = after
-            .split_once('-')
-            .and_then(|(t, _)| t.parse::<u64>().ok())
-            .unwrap_or(0);
-        let unique: String = unique.chars().filter(|c| *c != '-').collect();
-        format!("{:013}-{unique}-c{count}-b{bytes}", now_ms.max(floor))
+        format!("{}-c{count}-b{bytes}", stem(now_ms, after, unique))
     }
 
     /// Reads a combinable id; `None` for any other segment id.
@@ -148,6 +161,26 @@ mod tests {
     use super::*;
     use crate::partition::testing::manifest_with;
 
+    #[test]
+    fn a_new_id_always_sorts_above_what_the_writer_knows() {
+        let t = 1_700_000_000_000u64;
+        let after = format!("{t:013}-5555-c1-b1");
+        // The clock moved on: its own time.
+        assert!(stem(t + 3, &after, "0000").starts_with(&format!("{:013}-", t + 3)));
+        // Same millisecond, or a clock behind: above `after` either way.
+        for (now, unique) in [(t, "9999"), (t, "0000"), (t - 50, "0000"), (t - 50, "9-9")] {
+            let id = Combinable::id(now, &after, unique, 1, 1);
+            assert!(id > after, "{id} above {after}");
+            assert!(Combinable::parse(&id).is_some());
+        }
+        assert_eq!(stem(t, &after, "9999"), format!("{t:013}-9999"));
+        assert_eq!(stem(t, &after, "0000"), format!("{:013}-0000", t + 1));
+        // A floor covering a whole millisecond.
+        let floor = format!("{t:013}-~");
+        assert_eq!(stem(t, &floor, "zzzz"), format!("{:013}-zzzz", t + 1));
+        assert!(stem(t, "", "a").starts_with(&format!("{t:013}-")));
+    }
+
     fn seg(t: u64, u: &str, count: u32) -> SegmentRef {
         Combinable::parse(&Combinable::id(t, "", u, count, 10))
             .unwrap()
@@ -168,12 +201,14 @@ mod tests {
     fn a_lagging_clock_writes_no_earlier_than_what_the_writer_knows() {
         let later = Combinable::id(5_000, "", "b", 1, 1);
         assert!(Combinable::id(1_000, &later, "c", 1, 1) > later);
-        assert_eq!(
-            Combinable::parse(&Combinable::id(1_000, &later, "a", 1, 1))
+        let written = |u| {
+            Combinable::parse(&Combinable::id(1_000, &later, u, 1, 1))
                 .unwrap()
-                .written_ms,
-            5_000
-        );
+                .written_ms
+        };
+        assert_eq!(written("c"), 5_000);
+        // One that would sort below `later` within its millisecond: one past it.
+        assert_eq!(written("a"), 5_001);
     }
 
     #[test]

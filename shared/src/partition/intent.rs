@@ -95,15 +95,9 @@ pub struct Intent {
 }
 
 impl Intent {
-    /// The id of an intent asking `ask`, written at `now_ms` or at the time of `after`
-    /// (the `combined_through` the writer knows) when that is later, as
-    /// [`super::combine::Combinable::id`].
+    /// The id of an intent asking `ask`, its time and unique part as
+    /// [`super::combine::stem`] makes them.
     pub fn id(now_ms: u64, after: &str, unique: &str, ask: Ask) -> String {
-        let floor = after
-            .split_once('-')
-            .and_then(|(t, _)| t.parse::<u64>().ok())
-            .unwrap_or(0);
-        let unique: String = unique.chars().filter(|c| *c != '-').collect();
         let op = match ask {
             Ask::Settle {
                 offset,
@@ -118,7 +112,7 @@ impl Intent {
             },
             Ask::Lease { max, max_bytes } => format!("l{max}.{max_bytes}"),
         };
-        format!("{:013}-{unique}-i{op}", now_ms.max(floor))
+        format!("{}-i{op}", super::combine::stem(now_ms, after, unique))
     }
 
     /// Reads an intent id; `None` for any other id (segments among them).

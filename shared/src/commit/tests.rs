@@ -1,0 +1,253 @@
+//! Committers driven over the memory store, the fault store and a manual clock, with
+//! tokio's time paused (it moves only when every task waits): two committers on one
+//! store are two processes. The test holds each process where it wants it by marking
+//! roles itself and calling the sweep directly.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{lock, Caches, Committer, Queue};
+use crate::cas::Stored;
+use crate::clock::{Clock, ManualClock, RandomIds};
+use crate::error::BrokerError;
+use crate::formats::Level;
+use crate::gate::FleetLevel;
+use crate::keys;
+use crate::partition::combine::Combinable;
+use crate::partition::intent::Intent;
+use crate::partition::produce::NewStored;
+use crate::partition::{Manifest, Settle};
+use crate::segment::StoredMessage;
+use crate::settings::TopicSettings;
+use crate::store::memory::MemoryStore;
+use crate::store::testing::fault::{FaultPlan, FaultStore};
+use crate::store::DynStore;
+use crate::topic::{Topic, TopicRecord};
+
+const START_MS: u64 = 1_800_000_000_000;
+
+/// One store, one clock, one topic.
+struct World {
+    store: DynStore,
+    clock: ManualClock,
+    topic: Topic,
+}
+
+async fn world() -> World {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let clock = ManualClock::new(START_MS);
+    let rec = TopicRecord {
+        settings: TopicSettings::default(),
+        incarnation: "inc-1".into(),
+        created_at_ms: START_MS,
+        layout: keys::LAYOUT_FLAT,
+        unknown: serde_json::Map::new(),
+    };
+    let body = Some(rec.clone()).encode().unwrap();
+    let etag = store
+        .put_if_absent(&keys::topic_settings("t"), body)
+        .await
+        .unwrap();
+    let topic = Topic::from_record("t", rec, etag);
+    World {
+        store,
+        clock,
+        topic,
+    }
+}
+
+/// A process: a committer of its own over `store`.
+fn process(w: &World, store: DynStore) -> Arc<Committer> {
+    Arc::new(Committer::new(
+        store,
+        Arc::new(RandomIds),
+        Arc::new(w.clock.clone()),
+        Caches::new(1 << 20),
+        Duration::ZERO,
+        FleetLevel::fixed(Level::NEWEST),
+    ))
+}
+
+fn message(w: &World) -> Vec<NewStored> {
+    vec![NewStored {
+        message: StoredMessage::new(w.clock.now_ms(), None, b"m".to_vec()),
+        idempotency_key: None,
+        delay_ms: 0,
+    }]
+}
+
+/// `c`'s queue of partition 0, once its drain task has stopped.
+async fn idle_queue(c: &Committer, t: &Topic) -> Arc<Queue> {
+    let key = (t.name.clone(), t.incarnation.clone(), 0);
+    loop {
+        let q = lock(&c.queues).get(&key).cloned().unwrap();
+        if !lock(&q.state).running {
+            return q;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The ids under the partition's `segments/` prefix.
+async fn segment_ids(w: &World) -> Vec<String> {
+    let prefix = keys::segments_prefix("t", 0);
+    let keys = w.store.list_after(&prefix, "", 1000).await.unwrap();
+    keys.iter()
+        .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+        .collect()
+}
+
+/// Yields until an object not in `before` whose id `pending` accepts is under the
+/// partition's segments.
+async fn written(w: &World, before: &[String], pending: impl Fn(&str) -> bool) {
+    for _ in 0..1000 {
+        let ids = segment_ids(w).await;
+        if ids.iter().any(|id| !before.contains(id) && pending(id)) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the waiting writer wrote nothing");
+}
+
+/// Marks `c`'s partition contended (another process was seen writing it).
+async fn contended(c: &Committer, t: &Topic) {
+    lock(&idle_queue(c, t).await.state)
+        .role
+        .mark_contended(Instant::now());
+}
+
+/// Runs one sweep of `c` as its drain loop would, from its cached snapshot.
+async fn sweep(c: &Committer, t: &Topic) -> bool {
+    let q = idle_queue(c, t).await;
+    let cache = lock(&q.state).cache.take();
+    let (cache, landed) = c.sweep(&q, cache).await;
+    let mut st = lock(&q.state);
+    st.cache = cache;
+    st.role.swept(landed, Instant::now());
+    landed
+}
+
+async fn manifest(w: &World) -> Manifest {
+    crate::cas::Cell::<Manifest>::new(
+        &*w.store,
+        &RandomIds,
+        &w.topic.manifest_key(0),
+        &w.topic.incarnation,
+    )
+    .read::<BrokerError>()
+    .await
+    .unwrap()
+    .value
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_writer_answers_from_another_processes_commit() {
+    let w = world().await;
+    let (a, b) = (process(&w, w.store.clone()), process(&w, w.store.clone()));
+    assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
+    assert_eq!(b.produce(&w.topic, 0, message(&w)).await.unwrap(), [1]);
+    contended(&a, &w.topic).await;
+    let commits_before = a.stats.commits.load(Ordering::Relaxed);
+
+    let before = segment_ids(&w).await;
+    let waiting = tokio::spawn({
+        let (a, topic, m) = (a.clone(), w.topic.clone(), message(&w));
+        async move { a.produce(&topic, 0, m).await }
+    });
+    written(&w, &before, |id| Combinable::parse(id).is_some()).await;
+    lock(&idle_queue(&b, &w.topic).await.state)
+        .role
+        .become_committer();
+    assert!(
+        sweep(&b, &w.topic).await,
+        "the sweep lands the waiting segment"
+    );
+
+    assert_eq!(waiting.await.unwrap().unwrap(), [2]);
+    assert_eq!(a.stats.landed_by_others.load(Ordering::Relaxed), 1);
+    assert_eq!(a.stats.takeovers.load(Ordering::Relaxed), 0);
+    assert_eq!(a.stats.commits.load(Ordering::Relaxed), commits_before);
+    assert_eq!(manifest(&w).await.next_offset, 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sweep_that_loses_a_race_stops_and_the_writer_takes_over() {
+    let w = world().await;
+    let plan = FaultPlan {
+        error_before: 0.0,
+        error_after: 0.0,
+        conflict: 1.0,
+        max_latency: Duration::ZERO,
+    };
+    let b_store = FaultStore::new(w.store.clone(), plan, 7);
+    b_store.set_enabled(false);
+    let a = process(&w, w.store.clone());
+    let b = process(&w, b_store.clone());
+    assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
+    assert_eq!(b.produce(&w.topic, 0, message(&w)).await.unwrap(), [1]);
+    contended(&a, &w.topic).await;
+
+    let before = segment_ids(&w).await;
+    let waiting = tokio::spawn({
+        let (a, topic, m) = (a.clone(), w.topic.clone(), message(&w));
+        async move { a.produce(&topic, 0, m).await }
+    });
+    written(&w, &before, |id| Combinable::parse(id).is_some()).await;
+    let qb = idle_queue(&b, &w.topic).await;
+    lock(&qb.state).role.become_committer();
+    // Every manifest write of b's meets another writer's.
+    b_store.set_enabled(true);
+    assert!(
+        !sweep(&b, &w.topic).await,
+        "a sweep that lost its race lands nothing"
+    );
+    b_store.set_enabled(false);
+    assert!(
+        !lock(&qb.state).role.is_committer(),
+        "and leaves the sweeping"
+    );
+
+    // Nobody else commits: the waiting writer takes over.
+    assert_eq!(waiting.await.unwrap().unwrap(), [2]);
+    assert_eq!(a.stats.takeovers.load(Ordering::Relaxed), 1);
+    assert_eq!(manifest(&w).await.next_offset, 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_ack_intent_whose_lease_lapsed_before_it_landed_answers_410_and_changes_nothing() {
+    let w = world().await;
+    let (a, b) = (process(&w, w.store.clone()), process(&w, w.store.clone()));
+    a.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let got = a.lease(&w.topic, 0, (1, 1 << 20)).await.unwrap();
+    let grant = got.leased.grants[0].clone();
+    assert_eq!(grant.offset, 0);
+    b.produce(&w.topic, 0, message(&w)).await.unwrap();
+    contended(&a, &w.topic).await;
+
+    let before = segment_ids(&w).await;
+    let acking = tokio::spawn({
+        let (a, topic) = (a.clone(), w.topic.clone());
+        async move { a.settle(&topic, 0, 0, grant.lease_id, Settle::Ack).await }
+    });
+    written(&w, &before, |id| Intent::parse(id).is_some()).await;
+    // The lease lapses while the intent waits for a commit.
+    w.clock.advance(w.topic.settings.visibility_timeout_ms + 1);
+    lock(&idle_queue(&b, &w.topic).await.state)
+        .role
+        .become_committer();
+    assert!(sweep(&b, &w.topic).await, "the sweep decides the intent");
+
+    assert!(matches!(acking.await.unwrap(), Err(BrokerError::LeaseGone)));
+    let m = manifest(&w).await;
+    assert_eq!(m.frontier, 0, "nothing was acked");
+    assert!(
+        m.is_available(0, w.clock.now_ms()),
+        "the message is leasable again"
+    );
+    assert_eq!(m.available_count(w.clock.now_ms()), 2);
+    assert_eq!(a.stats.intents_by_others.load(Ordering::Relaxed), 1);
+}
