@@ -15,8 +15,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::combine::{Head, Listed, Ready};
+use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
+use super::listing::Listed;
 use super::ordering::{self, KEY_ROUNDS};
 use super::produces::{combinable, Produces};
 use super::repair::damaged;

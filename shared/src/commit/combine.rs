@@ -37,13 +37,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use super::listing::Listed;
+use super::{lock, Committer, Queue};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::Batch;
-use crate::partition::combine::{self, Combinable, Status};
-use crate::partition::index::{Entries, Index};
+use crate::partition::combine::Status;
 use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
@@ -54,26 +54,6 @@ pub(super) const ABANDON_MS: u64 = 1000;
 
 /// Manifest reads a waiting writer makes before it commits itself.
 pub(super) const MAX_POLLS: u32 = 6;
-
-/// Index objects read to find a segment the manifest no longer remembers.
-pub(super) const FOLDED_LOOKUP: usize = 4;
-
-/// Most segments one listing (so one commit) lands.
-pub(super) const MAX_LANDING: usize = 256;
-
-/// What a listing of the partition's `segments/` prefix found pending: other processes'
-/// combinable segments and intents (this process's own among the intents), oldest first.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Listed {
-    pub segments: Vec<SegmentRef>,
-    pub intents: Vec<Intent>,
-}
-
-impl Listed {
-    pub fn is_empty(&self) -> bool {
-        self.segments.is_empty() && self.intents.is_empty()
-    }
-}
 
 /// A combining batch's own writes: its segment with the plan it was written for (when it
 /// has produces) and one intent per settle and lease request, settles first, each in the
@@ -119,92 +99,6 @@ fn poll_after(round_trip: Duration, first: bool) -> Duration {
 }
 
 impl Committer {
-    /// The combinable segments of other processes and the intents still pending in
-    /// `state`, listed from the store (one LIST), oldest first; none when the listing
-    /// fails. Objects too old to commit safely (garbage collection may take them), or
-    /// older than the topic (an earlier topic's of the same name), are left out.
-    pub(super) async fn list_combinable(
-        &self,
-        q: &Queue,
-        state: &Manifest,
-        own: Option<&str>,
-    ) -> Listed {
-        let prefix = keys::segments_prefix(&q.topic, q.partition);
-        let Ok(keys) = self
-            .store
-            .list_after(&prefix, &state.combined_through, MAX_LANDING)
-            .await
-        else {
-            return Listed::default();
-        };
-        let now = self.clock.now_ms();
-        let fresh = |written: u64| {
-            now.saturating_sub(written) <= MAX_SEGMENT_AGE_AT_COMMIT_MS
-                && written >= q.created_at_ms
-        };
-        let mut listed = Listed::default();
-        for id in keys.iter().filter_map(|k| k.strip_prefix(&prefix)) {
-            if Some(id) == own {
-                continue;
-            }
-            if let Some(c) = Combinable::parse(id) {
-                if fresh(c.written_ms) && combine::status(state, &c.id) == Status::Pending {
-                    listed.segments.push(c.to_ref());
-                }
-            } else if let Some(i) = Intent::parse(id) {
-                if fresh(i.written_ms) && intent::status(state, &i.id) == IntentStatus::Pending {
-                    listed.intents.push(i);
-                }
-            }
-        }
-        listed
-    }
-
-    /// The fate of this process's combinable segment `id` in `state`: as
-    /// [`combine::status`], except that a segment the manifest no longer remembers is
-    /// looked for in the newest index objects (it may have been landed by another process
-    /// and folded since), reading at most [`FOLDED_LOOKUP`] of them.
-    pub(super) async fn segment_status(&self, q: &Queue, state: &Manifest, id: &str) -> Status {
-        let status = combine::status(state, id);
-        if status != Status::Unknown {
-            return status;
-        }
-        let mut refs: Vec<_> = state
-            .indexes
-            .iter()
-            .rev()
-            .take(FOLDED_LOOKUP)
-            .cloned()
-            .collect();
-        let mut read = 0;
-        while let Some(r) = refs.first().cloned() {
-            refs.remove(0);
-            if read == FOLDED_LOOKUP {
-                break;
-            }
-            read += 1;
-            let key = keys::index(&q.topic, q.partition, &r.id);
-            let loaded = self
-                .caches
-                .indexes
-                .read_through(&*self.store, &key, Index::decode)
-                .await;
-            match loaded.ok().flatten().as_deref().map(|i| &i.entries) {
-                Some(Entries::Segments(segs)) => {
-                    if let Some(s) = segs.iter().find(|s| s.id == id) {
-                        return Status::Landed(s.base_offset);
-                    }
-                }
-                // A higher level: its newest children come next.
-                Some(Entries::Indexes(children)) => {
-                    refs.splice(0..0, children.iter().rev().take(2).cloned());
-                }
-                None => {}
-            }
-        }
-        Status::Unknown
-    }
-
     /// Where this batch's own writes stand in `state` (see [`fate`]).
     async fn own_fate(&self, q: &Queue, state: &Manifest, own: &Own) -> Fate {
         let segment = match &own.segment {
@@ -280,53 +174,27 @@ impl Committer {
         let mut own = self
             .write_own(q, batch, topic_etag, &snap.value, !committer)
             .await?;
-        let mut round_trip = started.elapsed();
+        let round_trip = started.elapsed();
         let mut listed = None;
-        let mut round = 0;
-        while !committer && round < MAX_POLLS {
-            tokio::time::sleep(poll_after(round_trip, round == 0)).await;
-            round += 1;
-            self.stats.polls.fetch_add(1, Ordering::Relaxed);
-            let unchanged = match cell.refresh::<BrokerError>(&mut snap).await {
-                Ok(u) => u,
-                Err(e) if super::repair::damaged(&e) => return Ok(Head::Corrupt(own)),
-                Err(e) => return Err(e.into()),
-            };
-            if !unchanged {
-                lock(&q.state).role.mark_contended(Instant::now());
-            }
-            match self.own_fate(q, &snap.value, &own).await {
-                Fate::Decided(base) => {
+        if !committer {
+            let waited = self.wait(
+                q,
+                (batch, topic_etag),
+                &cell,
+                &mut snap,
+                &mut own,
+                round_trip,
+            );
+            match waited.await? {
+                Waited::Decided(base) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
                     let n = own.intents.len() as u64;
                     self.stats.intents_by_others.fetch_add(n, Ordering::Relaxed);
                     return Ok(Head::Decided(snap, base, own));
                 }
-                Fate::Unknown => return Err(BrokerError::Contention),
-                Fate::Waiting {
-                    dead_segment,
-                    dead_intents,
-                } if dead_segment || !dead_intents.is_empty() => {
-                    let started = Instant::now();
-                    let after = snap.value.ids_above().to_owned();
-                    let dead = (dead_segment, &dead_intents[..]);
-                    self.rewrite(q, batch, topic_etag, &mut own, dead, &after)
-                        .await?;
-                    round_trip = started.elapsed();
-                }
-                Fate::Waiting { .. } if unchanged => {
-                    // Nobody committed meanwhile: the oldest pending writer takes over.
-                    let own_seg = own.segment.as_ref().map(|(s, _)| s.id.as_str());
-                    let found = self.list_combinable(q, &snap.value, own_seg).await;
-                    if !older_pending(&found, &own, self.clock.now_ms()) {
-                        listed = Some(found);
-                        break;
-                    }
-                }
-                Fate::Waiting { .. } => {}
+                Waited::Corrupt => return Ok(Head::Corrupt(own)),
+                Waited::TakeOver(found) => listed = found,
             }
-        }
-        if !committer {
             self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
         }
         let listed = match listed {
@@ -340,6 +208,57 @@ impl Committer {
             lock(&q.state).role.mark_contended(Instant::now());
         }
         Ok(Head::Commit(Ready { own, listed, snap }))
+    }
+
+    /// Step 2 and 3 of the module documentation: waits for a commit that decides `own`
+    /// (re-reading `snap`), rewriting what is passed over, until this writer should take
+    /// over (with what its last listing found, if it listed) or the manifest turns out
+    /// corrupt. `round_trip`: how long the writes took.
+    ///
+    /// Errors: a rewrite's or a read's failure; [`BrokerError::Contention`] when the fate
+    /// of a write can no longer be told.
+    async fn wait(
+        &self,
+        q: &Queue,
+        (batch, topic_etag): (&Batch, &ETag),
+        cell: &Cell<'_, Manifest>,
+        snap: &mut Snapshot<Manifest>,
+        own: &mut Own,
+        mut round_trip: Duration,
+    ) -> BrokerResult<Waited> {
+        for round in 0..MAX_POLLS {
+            tokio::time::sleep(poll_after(round_trip, round == 0)).await;
+            self.stats.polls.fetch_add(1, Ordering::Relaxed);
+            let unchanged = match cell.refresh::<BrokerError>(snap).await {
+                Ok(u) => u,
+                Err(e) if super::repair::damaged(&e) => return Ok(Waited::Corrupt),
+                Err(e) => return Err(e.into()),
+            };
+            if !unchanged {
+                lock(&q.state).role.mark_contended(Instant::now());
+            }
+            match step(self.own_fate(q, &snap.value, own).await, unchanged) {
+                Step::Answer(base) => return Ok(Waited::Decided(base)),
+                Step::GiveUp => return Err(BrokerError::Contention),
+                Step::Rewrite(dead_segment, dead_intents) => {
+                    let started = Instant::now();
+                    let after = snap.value.ids_above().to_owned();
+                    let dead = (dead_segment, &dead_intents[..]);
+                    self.rewrite(q, batch, topic_etag, own, dead, &after)
+                        .await?;
+                    round_trip = started.elapsed();
+                }
+                Step::Consider => {
+                    let own_seg = own.segment.as_ref().map(|(s, _)| s.id.as_str());
+                    let found = self.list_combinable(q, &snap.value, own_seg).await;
+                    if !older_pending(&found, own, self.clock.now_ms()) {
+                        return Ok(Waited::TakeOver(Some(found)));
+                    }
+                }
+                Step::Wait => {}
+            }
+        }
+        Ok(Waited::TakeOver(None))
     }
 
     /// Writes `batch`'s segment (when it has produces) and, with `intents`, its intents at
@@ -437,6 +356,47 @@ pub(super) fn fate(segment: Option<Status>, intents: &[IntentStatus]) -> Fate {
     }
 }
 
+/// How a waiting writer's wait ended.
+enum Waited {
+    /// Another process's commit decided every write (the segment at this base offset).
+    Decided(Option<u64>),
+    /// This writer commits, landing what its last listing found if it listed.
+    TakeOver(Option<Listed>),
+    /// The manifest turned out corrupt.
+    Corrupt,
+}
+
+/// What a waiting writer does after a read of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Every write is decided: answer (the segment at this base offset).
+    Answer(Option<u64>),
+    /// The fate of a write can no longer be told: answer 503.
+    GiveUp,
+    /// Write these again, then wait: the segment (when `true`) and these intents were
+    /// passed over.
+    Rewrite(bool, Vec<usize>),
+    /// Nobody committed since the last read: list, and take over unless an older
+    /// writer would.
+    Consider,
+    /// Another process is committing: wait and read again.
+    Wait,
+}
+
+/// The [`Step`] after a read that showed `fate`, the manifest `unchanged` since the last.
+pub(super) fn step(fate: Fate, unchanged: bool) -> Step {
+    match fate {
+        Fate::Decided(base) => Step::Answer(base),
+        Fate::Unknown => Step::GiveUp,
+        Fate::Waiting {
+            dead_segment,
+            dead_intents,
+        } if dead_segment || !dead_intents.is_empty() => Step::Rewrite(dead_segment, dead_intents),
+        Fate::Waiting { .. } if unchanged => Step::Consider,
+        Fate::Waiting { .. } => Step::Wait,
+    }
+}
+
 /// Whether `found` holds another process's pending write older than every one of `own`
 /// and written within [`ABANDON_MS`] of `now`: its writer takes over first.
 fn older_pending(found: &Listed, own: &Own, now: u64) -> bool {
@@ -492,6 +452,28 @@ mod tests {
             Fate::Unknown
         );
         assert_eq!(fate(Some(Status::Unknown), &[done]), Fate::Unknown);
+    }
+
+    #[test]
+    fn a_waiting_writer_answers_rewrites_considers_or_waits() {
+        let waiting = |dead_segment, dead_intents| Fate::Waiting {
+            dead_segment,
+            dead_intents,
+        };
+        assert_eq!(step(Fate::Decided(Some(3)), false), Step::Answer(Some(3)));
+        assert_eq!(step(Fate::Unknown, true), Step::GiveUp);
+        // Passed over: written again, whether or not anyone is committing.
+        assert_eq!(
+            step(waiting(true, vec![]), true),
+            Step::Rewrite(true, vec![])
+        );
+        assert_eq!(
+            step(waiting(false, vec![1]), false),
+            Step::Rewrite(false, vec![1])
+        );
+        // Pending: take over only when nobody committed since the last read.
+        assert_eq!(step(waiting(false, vec![]), true), Step::Consider);
+        assert_eq!(step(waiting(false, vec![]), false), Step::Wait);
     }
 
     #[test]

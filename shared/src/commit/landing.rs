@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::combine::Listed;
+use super::listing::Listed;
 use super::{Committer, Queue};
 use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::{Manifest, SegmentRef};

@@ -22,6 +22,7 @@
 mod batch;
 mod combine;
 mod landing;
+mod listing;
 mod ordering;
 mod produces;
 mod repair;
