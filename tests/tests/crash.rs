@@ -5,7 +5,9 @@
 //! processes combine their segments into shared commits (docs/design.md §6) while being
 //! killed (a failed one of those may or may not have landed, at most once). After a
 //! drain: no acknowledged message lost, no offset holding two payloads, no produce
-//! appended twice.
+//! appended twice, and no offset whose ack was answered 204 delivered by a consume sent
+//! after that answer. Half the consumers take partition 0 only, so that their leases
+//! and acks combine across the processes being killed.
 //! Meanwhile `narad gc` runs as a separate process every second (compaction racing the
 //! servers' commits, which fold segments into index objects and spill idempotency keys as
 //! the partitions grow), and at the end a fresh process replays every acknowledged message
@@ -30,6 +32,10 @@ const PRODUCERS: usize = 4;
 /// Producers without idempotency keys, all on partition 0.
 const COMBINERS: usize = 4;
 const CONSUMERS: usize = 4;
+/// Consumers of partition 0 alone, consuming through one process and acking through
+/// another: with the keyless producers they contend, so their leases and acks combine
+/// across processes as intents (docs/design.md §6).
+const ZERO_CONSUMERS: usize = 4;
 const CHAOS: Duration = Duration::from_secs(12);
 const VT_MS: u64 = 2000;
 
@@ -70,6 +76,7 @@ async fn sigkill_and_restart_loses_nothing() {
     let acked_produces: Arc<Mutex<HashMap<String, (u64, u64)>>> = Arc::default();
     let payload_at: Arc<Mutex<HashMap<(u64, u64), String>>> = Arc::default();
     let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let acks = Acks::default();
     // Payloads of keyless produces that failed: they may have landed, at most once.
     let maybe: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut tasks = Vec::new();
@@ -166,25 +173,27 @@ async fn sigkill_and_restart_loses_nothing() {
             }
         }));
     }
-    for w in 0..CONSUMERS {
-        let (bases, stop, payload_at, delivered, http) = (
+    for w in 0..CONSUMERS + ZERO_CONSUMERS {
+        let (bases, stop, payload_at, delivered, acks, http) = (
             bases.clone(),
             stop.clone(),
             payload_at.clone(),
             delivered.clone(),
+            acks.clone(),
             http.clone(),
         );
+        let partition = (w >= CONSUMERS).then_some(0);
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(100 + w as u64);
             while !stop.load(Ordering::Relaxed) {
-                consume_and_ack(
-                    &http,
-                    &pick(&bases, &mut rng).await,
-                    &pick(&bases, &mut rng).await,
-                    &payload_at,
-                    &delivered,
-                )
-                .await;
+                let seen = Seen {
+                    payload_at: &payload_at,
+                    delivered: &delivered,
+                    acks: &acks,
+                };
+                let (consume_at, ack_at) =
+                    (pick(&bases, &mut rng).await, pick(&bases, &mut rng).await);
+                consume_and_ack(&http, (&consume_at, partition), &ack_at, seen).await;
             }
         }));
     }
@@ -234,7 +243,12 @@ async fn sigkill_and_restart_loses_nothing() {
     let base = bases.read().await[0].clone();
     let mut empty = 0;
     while empty < 3 {
-        if consume_and_ack(&http, &base, &base, &payload_at, &delivered).await {
+        let seen = Seen {
+            payload_at: &payload_at,
+            delivered: &delivered,
+            acks: &acks,
+        };
+        if consume_and_ack(&http, (&base, None), &base, seen).await {
             empty = 0;
         } else {
             empty += 1;
@@ -351,7 +365,7 @@ async fn sigkill_and_restart_loses_nothing() {
         "the test must actually exercise crashes"
     );
     // How much combining the surviving processes did (the killed ones took theirs along).
-    let mut combined = 0.0;
+    let (mut combined, mut intents) = (0.0, 0.0);
     for p in &procs {
         let text = http
             .get(format!("{}/metrics", p.base))
@@ -368,23 +382,44 @@ async fn sigkill_and_restart_loses_nothing() {
         ] {
             combined += narad_tests::metric(&text, name).unwrap_or(0.0);
         }
+        intents += narad_tests::metric(&text, "narad_intents_written_total").unwrap_or(0.0);
     }
-    println!("crash test: the surviving processes combined {combined} times");
+    println!("crash test: the surviving processes combined {combined} times, {intents} of their settles and leases as intents");
+    assert!(
+        intents > 0.0,
+        "the consumers of partition 0 never combined across processes"
+    );
     for p in procs {
         p.kill().await;
     }
 }
 
-/// One consume + ack. Records what each offset held; true if a message was consumed.
+/// Offsets whose ack was answered 204, with when that answer came.
+type Acks = Arc<Mutex<HashMap<(u64, u64), Instant>>>;
+
+/// What the consumers saw: the payload at each offset, every payload delivered, and the
+/// acks answered 204.
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    payload_at: &'a Mutex<HashMap<(u64, u64), String>>,
+    delivered: &'a Mutex<HashSet<String>>,
+    acks: &'a Mutex<HashMap<(u64, u64), Instant>>,
+}
+
+/// One consume (of `partition`, or any) through `consume_at` + its ack through `ack_at`.
+/// Records what each offset held; true if a message was consumed.
 async fn consume_and_ack(
     http: &reqwest::Client,
-    consume_at: &str,
+    (consume_at, partition): (&str, Option<u32>),
     ack_at: &str,
-    payload_at: &Mutex<HashMap<(u64, u64), String>>,
-    delivered: &Mutex<HashSet<String>>,
+    seen: Seen<'_>,
 ) -> bool {
+    let only = partition.map_or(String::new(), |p| format!("&partition={p}"));
+    let sent = Instant::now();
     let Ok(r) = http
-        .get(format!("{consume_at}/v1/topics/crash/consume?wait=200ms"))
+        .get(format!(
+            "{consume_at}/v1/topics/crash/consume?wait=200ms{only}"
+        ))
         .basic_auth(USER, Some(PASS))
         .send()
         .await
@@ -406,16 +441,25 @@ async fn consume_and_ack(
         m["partition"].as_u64().unwrap(),
         m["offset"].as_u64().unwrap(),
     );
+    if let Some(answered) = seen.acks.lock().await.get(&at) {
+        assert!(
+            *answered > sent,
+            "offset {at:?} delivered by a consume sent after its ack was answered 204"
+        );
+    }
     let payload = m["payload"].as_str().unwrap().to_owned();
-    if let Some(prev) = payload_at.lock().await.insert(at, payload.clone()) {
+    if let Some(prev) = seen.payload_at.lock().await.insert(at, payload.clone()) {
         assert_eq!(prev, payload, "offset {at:?} held two payloads");
     }
-    delivered.lock().await.insert(payload);
+    seen.delivered.lock().await.insert(payload);
     let q = serde_urlencoded_pair("receipt_handle", m["receipt_handle"].as_str().unwrap());
-    let _ = http
+    let r = http
         .post(format!("{ack_at}/v1/topics/crash/ack?{q}"))
         .basic_auth(USER, Some(PASS))
         .send()
         .await;
+    if matches!(&r, Ok(r) if r.status() == StatusCode::NO_CONTENT) {
+        seen.acks.lock().await.insert(at, Instant::now());
+    }
     true
 }
