@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use narad_shared::store::DynStore;
 use narad_tests::{free_port, serde_urlencoded_pair, test_store_url, Process, PASS, USER};
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
@@ -77,6 +78,7 @@ async fn sigkill_and_restart_loses_nothing() {
     let payload_at: Arc<Mutex<HashMap<(u64, u64), String>>> = Arc::default();
     let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
     let acks = Acks::default();
+    let raw = narad_shared::store::open(&url).await.unwrap();
     // Payloads of keyless produces that failed: they may have landed, at most once.
     let maybe: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut tasks = Vec::new();
@@ -183,6 +185,7 @@ async fn sigkill_and_restart_loses_nothing() {
             http.clone(),
         );
         let partition = (w >= CONSUMERS).then_some(0);
+        let store = raw.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(100 + w as u64);
             while !stop.load(Ordering::Relaxed) {
@@ -190,6 +193,7 @@ async fn sigkill_and_restart_loses_nothing() {
                     payload_at: &payload_at,
                     delivered: &delivered,
                     acks: &acks,
+                    store: &store,
                 };
                 let (consume_at, ack_at) =
                     (pick(&bases, &mut rng).await, pick(&bases, &mut rng).await);
@@ -247,6 +251,7 @@ async fn sigkill_and_restart_loses_nothing() {
             payload_at: &payload_at,
             delivered: &delivered,
             acks: &acks,
+            store: &raw,
         };
         if consume_and_ack(&http, (&base, None), &base, seen).await {
             empty = 0;
@@ -394,6 +399,16 @@ async fn sigkill_and_restart_loses_nothing() {
     }
 }
 
+/// Whether the stored manifest holds `o` of partition `p` settled (below the frontier or
+/// acked ahead); `None` when it cannot be read (a torn write, a transient failure).
+async fn settled_in(store: &DynStore, (p, o): (u64, u64)) -> Option<bool> {
+    let key = narad_shared::keys::manifest("crash", narad_shared::keys::LAYOUT_FLAT, p as u32);
+    let stored = store.get(&key).await.ok()??;
+    let m: Value = serde_json::from_slice(narad_shared::cas::open_json(&stored.data).ok()?).ok()?;
+    let ahead = m["acked_ahead"].as_array()?;
+    Some(o < m["frontier"].as_u64()? || ahead.iter().any(|a| a.as_u64() == Some(o)))
+}
+
 /// Offsets whose ack was answered 204, with when that answer came.
 type Acks = Arc<Mutex<HashMap<(u64, u64), Instant>>>;
 
@@ -404,6 +419,8 @@ struct Seen<'a> {
     payload_at: &'a Mutex<HashMap<(u64, u64), String>>,
     delivered: &'a Mutex<HashSet<String>>,
     acks: &'a Mutex<HashMap<(u64, u64), Instant>>,
+    /// The store itself, to see that an ack answered 204 is in the manifest already.
+    store: &'a DynStore,
 }
 
 /// One consume (of `partition`, or any) through `consume_at` + its ack through `ack_at`.
@@ -460,6 +477,11 @@ async fn consume_and_ack(
         .await;
     if matches!(&r, Ok(r) if r.status() == StatusCode::NO_CONTENT) {
         seen.acks.lock().await.insert(at, Instant::now());
+        assert_ne!(
+            settled_in(seen.store, at).await,
+            Some(false),
+            "the ack of {at:?} was answered 204 before the manifest held it"
+        );
     }
     true
 }
