@@ -18,6 +18,7 @@
 /// | 1 | the formats of every build before the gate (main at commit c3661c8 and earlier): manifest formats 1–5, topic layouts 1–2, segments `NSG1`/`NSG2`, index objects `NIX1`, key chunks `NDK1`, receipt handles `v1` |
 /// | 2 | segments `NSG3`: a segment's body compressed (LZ4) when that saves an eighth or more |
 /// | 3 | intents (settles and lease requests any process commits, `…-i{op}` under `segments/`) and manifest format 6 (`decided`, `decided_floor`) |
+/// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so the topic re-check runs beside every segment write |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -28,7 +29,7 @@ impl Level {
     /// The formats of every build before the gate: a store without a fleet record.
     pub const BEFORE_GATE: Level = Level(1);
     /// The highest level this build runs at.
-    pub const NEWEST: Level = Level(3);
+    pub const NEWEST: Level = Level(4);
 
     /// True when segments may be written compressed (`NSG3`).
     pub fn compresses_segments(self) -> bool {
@@ -39,6 +40,12 @@ impl Level {
     /// may record their outcomes (format 6; [`crate::partition::intent`]).
     pub fn writes_intents(self) -> bool {
         self >= Level(3)
+    }
+
+    /// True when combinable segment ids may carry their topic incarnation's tag, which
+    /// every build at this level honours ([`crate::partition::combine::tag`]).
+    pub fn tags_segments(self) -> bool {
+        self >= Level(4)
     }
 }
 

@@ -182,7 +182,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     )
     .await;
     assert!(ok, "{out} {err}");
-    assert_eq!(out, json!({"outcome": "raised", "level": 3}));
+    assert_eq!(out, json!({"outcome": "raised", "level": 4}));
     // The running server learns it at its next renewal (every second here).
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut i = 2;
@@ -204,11 +204,11 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     }
     let (ok, st, _) = upgrade(&url, &["status"]).await;
     assert!(ok);
-    assert_eq!(st["level"], 3);
+    assert_eq!(st["level"], 4);
     assert!(kinds(&st).is_empty(), "{st}");
     let (ok, out, _) = upgrade(&url, &["finalize"]).await;
-    assert!(ok && out["level"] == 3, "{out}");
-    // A process of this build started now writes level 3 at once.
+    assert!(ok && out["level"] == 4, "{out}");
+    // A process of this build started now writes level 4 at once.
     let other = Server::start_on(s.store.clone(), None, quick(), TestClock::manual(now_ms())).await;
     other.produce("g", order(99)).await;
     assert_eq!(newest_magic(&s.store, "g").await, "NSG3");
@@ -236,13 +236,13 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
     put_sealed(
         &s.store,
         fleet,
-        &json!({"level": 3, "raising": {"to": 4, "id": "x", "until_ms": now + 60_000}}),
+        &json!({"level": 4, "raising": {"to": 5, "id": "x", "until_ms": now + 60_000}}),
     )
     .await;
     match start().await {
         Err(e @ BrokerError::UpgradeRequired { .. }) => {
             assert!(
-                e.to_string().contains("fleet level being raised to 4"),
+                e.to_string().contains("fleet level being raised to 5"),
                 "{e}"
             )
         }
@@ -251,7 +251,7 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
     // The running one carries on: its record was there before the raise began.
     s.produce("old", "still").await;
     // The raise lands: a new process refuses, and `narad serve` says why.
-    put_sealed(&s.store, fleet, &json!({"level": 4})).await;
+    put_sealed(&s.store, fleet, &json!({"level": 5})).await;
     assert!(matches!(
         start().await,
         Err(BrokerError::UpgradeRequired { .. })
@@ -266,7 +266,7 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("fleet level 4"),
+        !out.status.success() && err.contains("fleet level 5"),
         "{err}"
     );
     // The running process stops serving at its next renewal.
@@ -291,10 +291,10 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // `narad upgrade` of this build will not raise past what it reads.
-    let (ok, out, _) = upgrade(&url, &["status", "--to", "5"]).await;
+    let (ok, out, _) = upgrade(&url, &["status", "--to", "6"]).await;
     assert!(ok);
-    assert_eq!(out["level"], 4);
-    // (the stopped process, which reads only level 3, still runs and still counts)
+    assert_eq!(out["level"], 5);
+    // (the stopped process, which reads only level 4, still runs and still counts)
     assert_eq!(kinds(&out)[0], "beyond_this_build", "{out}");
 }
 

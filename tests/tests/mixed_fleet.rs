@@ -123,6 +123,19 @@ impl Fleet {
         (ok, v)
     }
 
+    /// How many combinable segments in the store carry an incarnation tag (level 4).
+    fn tagged_segments(&self) -> usize {
+        files(self.dir.path().join("topics"))
+            .iter()
+            .filter(|f| f.parent().is_some_and(|p| p.ends_with("segments")))
+            .filter_map(|f| f.file_name()?.to_str().map(str::to_owned))
+            .filter(|name| {
+                narad_shared::partition::combine::Combinable::parse(name)
+                    .is_some_and(|c| c.tag.is_some())
+            })
+            .count()
+    }
+
     /// The version magic of every segment in the store.
     fn segment_magics(&self) -> HashMap<String, usize> {
         let mut out = HashMap::new();
@@ -388,9 +401,10 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         delivered, produced,
         "every produced message delivered once, as produced"
     );
-    // The gate held: nothing this build would write only at level 2 or 3.
+    // The gate held: nothing this build would write only at level 2, 3 or 4.
     let magics = f.segment_magics();
     assert!(!magics.contains_key("NSG3"), "{magics:?}");
+    assert_eq!(f.tagged_segments(), 0, "tagged combinable ids are level 4");
     assert!(f.manifest_formats().iter().all(|v| *v <= 5));
     assert_no_repair("the previous build", &old_log);
 
@@ -402,11 +416,14 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         .upgrade(&["finalize", "--window", "1s", "--confirm-old-builds-stopped"])
         .await;
     assert!(ok, "{out}");
-    assert_eq!(out["level"], 3);
+    assert_eq!(out["level"], narad_shared::formats::Level::NEWEST.0);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut n = 100_000;
-    while !f.segment_magics().contains_key("NSG3") {
-        assert!(Instant::now() < deadline, "NSG3 never written");
+    while !f.segment_magics().contains_key("NSG3") || f.tagged_segments() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "NSG3 or tagged ids never written"
+        );
         f.produce(&cur.base, "mixed", &format!("m{n}"), order(n))
             .await;
         n += 1;

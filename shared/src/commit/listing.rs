@@ -32,8 +32,9 @@ impl Listed {
 impl Committer {
     /// The combinable segments of other processes and the intents still pending in
     /// `state`, listed from the store (one LIST), oldest first; none when the listing
-    /// fails. Objects too old to commit safely (garbage collection may take them), or
-    /// older than the topic (an earlier topic's of the same name), are left out.
+    /// fails. Objects too old to commit safely (garbage collection may take them), older
+    /// than the topic, or tagged with another incarnation (an earlier or later topic's of
+    /// the same name), are left out.
     pub(super) async fn list_combinable(
         &self,
         q: &Queue,
@@ -59,7 +60,10 @@ impl Committer {
                 continue;
             }
             if let Some(c) = Combinable::parse(id) {
-                if fresh(c.written_ms) && combine::status(state, &c.id) == Status::Pending {
+                if fresh(c.written_ms)
+                    && c.belongs_to(&q.tag)
+                    && combine::status(state, &c.id) == Status::Pending
+                {
                     listed.segments.push(c.to_ref());
                 }
             } else if let Some(i) = Intent::parse(id) {

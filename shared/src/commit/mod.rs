@@ -190,6 +190,9 @@ struct Queue {
     incarnation: String,
     partition: u32,
     key: String,
+    /// The incarnation's tag, which this process's combinable segment ids end in from
+    /// fleet level 4 ([`crate::partition::combine::tag`]).
+    tag: String,
     /// When the topic was created (segments older than that are an earlier topic's).
     created_at_ms: u64,
     state: Mutex<QueueState>,
@@ -442,6 +445,7 @@ impl Committer {
                     incarnation: topic.incarnation.clone(),
                     partition,
                     key: topic.manifest_key(partition),
+                    tag: crate::partition::combine::tag(&topic.incarnation),
                     created_at_ms: topic.created_at_ms,
                     state: Mutex::new(QueueState::default()),
                 })

@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::cas::{CasError, Cell, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
+use crate::partition::combine::{self, Combinable};
 use crate::partition::index::{Entries, IndexRef};
 use crate::partition::intent::Intent;
 use crate::partition::rebuild::{self, Evidence, Report};
@@ -55,6 +56,17 @@ struct Target<'a> {
     created_at_ms: u64,
     /// How long recovered idempotency keys are remembered (the topic's setting).
     dedup_window_ms: u64,
+}
+
+impl Target<'_> {
+    /// Whether the unnamed object `id` under `segments/` may be this incarnation's: not
+    /// older than the topic, nor a combinable segment tagged with another incarnation (a
+    /// process whose cached topic was an earlier or a later one of the same name).
+    fn owns(&self, id: &str) -> bool {
+        let tag = combine::tag(self.incarnation);
+        keys::segment_time(id).unwrap_or(0) >= self.created_at_ms
+            && Combinable::parse(id).is_none_or(|c| c.belongs_to(&tag))
+    }
 }
 
 /// What a repair found and did.
@@ -320,8 +332,7 @@ impl Committer {
             .await?
         {
             let id = k.rsplit('/').next().unwrap_or_default().to_owned();
-            // Named, or left over from an earlier topic of the same name.
-            if named.contains(&id) || keys::segment_time(&id).unwrap_or(0) < t.created_at_ms {
+            if named.contains(&id) || !t.owns(&id) {
                 continue;
             }
             // An intent holds no messages: only its id matters, as decided.

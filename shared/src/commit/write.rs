@@ -6,8 +6,10 @@
 //! unchanged) so that nothing is committed into a topic that was deleted and created
 //! again meanwhile: such produces fail with [`BrokerError::StaleTopic`] and the broker
 //! retries them against the current topic. For a segment only its own batch commits the
-//! check runs beside the write (it costs no round trip); a combinable one is checked
-//! first (once written, a process of a new topic of the same name could land it).
+//! check runs beside the write (it costs no round trip), except for an untagged
+//! combinable one (below fleet level 4), which is checked first: once written, a process
+//! of a new topic of the same name could land it. From level 4 combinable ids carry the
+//! incarnation's tag and only its own commits land them.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -65,22 +67,27 @@ impl Committer {
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
         let count = messages.len() as u32;
         let seg = Segment { messages };
+        let now = self.clock.now_ms();
+        let tagged = self.level.get().tags_segments();
         let id = match combinable_after {
-            Some(after) => {
-                Combinable::id(self.clock.now_ms(), after, &self.ids.new_id(), count, bytes)
+            Some(after) if tagged => {
+                let unique = self.ids.new_id();
+                Combinable::tagged_id(now, after, &unique, (count, bytes), &q.tag)
             }
-            None => keys::segment_id(self.clock.now_ms(), &self.ids.new_id()),
+            Some(after) => Combinable::id(now, after, &self.ids.new_id(), count, bytes),
+            None => keys::segment_id(now, &self.ids.new_id()),
         };
         // Written before the commit; if the commit never lands this object is an orphan.
         let key = keys::segment(&q.topic, q.partition, &id);
         let body = seg.encode(self.level.get())?;
         // Checked with every segment write: a process whose cached topic is up to one
         // cache period old must not commit into a topic that was deleted and created
-        // again. For a segment only this batch commits, the check runs beside the write
-        // (one round trip, not two; a failed check leaves an orphan). A combinable one
-        // is checked first: once written, a process of a new topic of the same name could
-        // land it while this produce is retried there.
-        if combinable_after.is_some() {
+        // again. The check runs beside the write (one round trip, not two; a failed check
+        // leaves an orphan), except for an untagged combinable segment (below fleet level
+        // 4): once written, a process of a new topic of the same name could land it while
+        // this produce is retried there, so it is checked first. A tagged one is landed
+        // only by its own incarnation's commits.
+        if combinable_after.is_some() && !tagged {
             self.check_topic(q, topic_etag).await?;
             self.store.put_if_absent(&key, body).await?;
         } else {

@@ -7,6 +7,12 @@
 //! every such segment it sees in one write, without reading them. Many instances
 //! producing to one partition at once then share commits instead of racing.
 //!
+//! From fleet level 4 the id ends in the topic incarnation's [`tag`], `…-t{tag}`, and a
+//! commit lands only its own incarnation's (and untagged ones, which their writers
+//! checked against the topic record before writing them): a segment written by a process
+//! whose cached topic was deleted and created again meanwhile is never landed into the
+//! new topic, so its writer may check the topic beside the write and retry elsewhere.
+//!
 //! Three manifest fields make that safe:
 //! * `combined_through`: every combinable id at or below it is decided, landed or dead.
 //!   Commits only land ids above it, in id order, and raise it to the highest id landed.
@@ -59,6 +65,19 @@ pub struct Combinable {
     pub bytes: u64,
     /// When it was written (ms since the epoch, the writer's clock).
     pub written_ms: u64,
+    /// The topic incarnation's [`tag`] (fleet level 4 and up); `None`: untagged.
+    pub tag: Option<String>,
+}
+
+/// The short tag of a topic incarnation that level-4 combinable ids end in: its last 12
+/// letters and digits (of a UUIDv7, random bits), lowercased.
+pub fn tag(incarnation: &str) -> String {
+    let s: Vec<char> = incarnation
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    s[s.len().saturating_sub(12)..].iter().collect()
 }
 
 impl Combinable {
@@ -68,12 +87,33 @@ impl Combinable {
         format!("{}-c{count}-b{bytes}", stem(now_ms, after, unique))
     }
 
+    /// The id of a combinable segment as [`Combinable::id`], ending in the topic
+    /// incarnation's `tag` (fleet level 4 and up).
+    pub fn tagged_id(
+        now_ms: u64,
+        after: &str,
+        unique: &str,
+        (count, bytes): (u32, u64),
+        tag: &str,
+    ) -> String {
+        format!("{}-t{tag}", Self::id(now_ms, after, unique, count, bytes))
+    }
+
     /// Reads a combinable id; `None` for any other segment id.
     pub fn parse(id: &str) -> Option<Self> {
-        let (time, rest) = id.split_once('-')?;
-        let (rest, bytes) = rest.rsplit_once("-b")?;
-        let (unique, count) = rest.rsplit_once("-c")?;
-        if time.len() != 13 || unique.is_empty() || unique.contains('-') {
+        let mut parts = id.split('-');
+        let (time, unique) = (parts.next()?, parts.next()?);
+        let count = parts.next()?.strip_prefix('c')?;
+        let bytes = parts.next()?.strip_prefix('b')?;
+        let tag = match parts.next() {
+            None => None,
+            Some(t) => Some(t.strip_prefix('t')?),
+        };
+        let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        if parts.next().is_some() || time.len() != 13 || !plain(unique) {
+            return None;
+        }
+        if tag.is_some_and(|t| !plain(t) || t.len() > 12) {
             return None;
         }
         Some(Self {
@@ -81,7 +121,14 @@ impl Combinable {
             count: count.parse().ok().filter(|c| *c > 0)?,
             bytes: bytes.parse().ok()?,
             written_ms: time.parse().ok()?,
+            tag: tag.map(str::to_owned),
         })
+    }
+
+    /// Whether a commit of the incarnation tagged `tag` may land it: untagged, or
+    /// tagged so.
+    pub fn belongs_to(&self, tag: &str) -> bool {
+        self.tag.as_deref().is_none_or(|t| t == tag)
     }
 
     /// The segment ref to land (its base offset is set when it lands).
@@ -160,6 +207,34 @@ pub fn land(m: &mut Manifest, segs: &[SegmentRef]) -> Vec<Option<u64>> {
 mod tests {
     use super::*;
     use crate::partition::testing::manifest_with;
+
+    #[test]
+    fn tagged_ids_name_their_incarnation_and_old_ones_parse_as_before() {
+        let t = tag("0190a3b2-7c4d-7e8f-9a0b-1c2d3e4f5a6B");
+        assert_eq!(t, "1c2d3e4f5a6b");
+        assert_eq!(tag("inc-1"), "inc1");
+        let id = Combinable::tagged_id(1_000, "", "u", (3, 30), &t);
+        let c = Combinable::parse(&id).unwrap();
+        assert_eq!(
+            (c.count, c.bytes, c.tag.as_deref()),
+            (3, 30, Some(t.as_str()))
+        );
+        assert!(c.belongs_to(&t) && !c.belongs_to("other"));
+        let old = Combinable::parse(&Combinable::id(1_000, "", "u", 3, 30)).unwrap();
+        assert!(old.tag.is_none() && old.belongs_to("any"));
+        for bad in [
+            format!("{}-x", Combinable::id(1_000, "", "u", 1, 1)),
+            format!("{}-t", Combinable::id(1_000, "", "u", 1, 1)),
+            format!("{}-tab-c", Combinable::id(1_000, "", "u", 1, 1)),
+            format!(
+                "{}-t{}",
+                Combinable::id(1_000, "", "u", 1, 1),
+                "a".repeat(13)
+            ),
+        ] {
+            assert!(Combinable::parse(&bad).is_none(), "{bad}");
+        }
+    }
 
     #[test]
     fn a_new_id_always_sorts_above_what_the_writer_knows() {
