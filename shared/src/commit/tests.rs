@@ -16,7 +16,7 @@ use crate::error::BrokerError;
 use crate::formats::Level;
 use crate::gate::FleetLevel;
 use crate::keys;
-use crate::partition::combine::Combinable;
+use crate::partition::combine::{self, Combinable};
 use crate::partition::intent::Intent;
 use crate::partition::produce::NewStored;
 use crate::partition::{Manifest, Settle};
@@ -250,4 +250,28 @@ async fn an_ack_intent_whose_lease_lapsed_before_it_landed_answers_410_and_chang
     );
     assert_eq!(m.available_count(w.clock.now_ms()), 2);
     assert_eq!(a.stats.intents_by_others.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_commit_lands_no_segment_tagged_with_another_incarnation() {
+    let w = world().await;
+    let b = process(&w, w.store.clone());
+    b.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let q = idle_queue(&b, &w.topic).await;
+    let state = lock(&q.state).cache.clone().unwrap().value;
+    let now = w.clock.now_ms() + 5;
+    let after = state.ids_above().to_owned();
+    let ours = Combinable::tagged_id(now, &after, "u1", (1, 1), &combine::tag("inc-1"));
+    let theirs = Combinable::tagged_id(now, &after, "u2", (1, 1), &combine::tag("inc-2"));
+    let untagged = Combinable::id(now, &after, "u3", 1, 1);
+    for id in [&ours, &theirs, &untagged] {
+        let key = keys::segment("t", 0, id);
+        w.store
+            .put_if_absent(&key, bytes::Bytes::new())
+            .await
+            .unwrap();
+    }
+    let listed = b.list_combinable(&q, &state, None).await;
+    let ids: Vec<&str> = listed.segments.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, [ours.as_str(), untagged.as_str()]);
 }
