@@ -119,7 +119,9 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     };
     let last = stored(s.store.clone()).await["recent_writes"][0].clone();
     assert!(
-        last.as_str().unwrap().starts_with("g3-"),
+        last.as_str()
+            .unwrap()
+            .starts_with(&format!("g{}-", narad_shared::formats::Level::NEWEST)),
         "writes carry the stamp: {last}"
     );
 
@@ -127,7 +129,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     assert!(ok);
     assert_eq!(
         (st["level"].as_u64(), st["this_build"].as_u64()),
-        (Some(1), Some(3))
+        (Some(1), Some(4))
     );
     assert_eq!(st["processes"].as_array().unwrap().len(), 1, "{st}");
     assert_eq!(kinds(&st), ["unconfirmed"], "{st}");

@@ -61,6 +61,25 @@ impl Fleet {
             .basic_auth(USER, Some(PASS))
     }
 
+    /// A produce without an idempotency key (its segment is combinable); answers 201.
+    async fn produce_keyless(&self, base: &str, topic: &str, body: &str) {
+        let r = self
+            .req(
+                reqwest::Method::POST,
+                base,
+                &format!("/v1/topics/{topic}/produce"),
+            )
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::CREATED,
+            "keyless produce via {base}"
+        );
+    }
+
     async fn produce(&self, base: &str, topic: &str, key: &str, body: String) -> (u64, u64) {
         let r = self
             .req(
@@ -330,6 +349,13 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    let r = f
+        .req(reqwest::Method::PUT, &old.base, "/v1/topics/other")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
     let (cur, cur_log) = f.current().await;
     let bases = Arc::new([old.base.clone(), cur.base.clone()]);
 
@@ -401,7 +427,9 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         delivered, produced,
         "every produced message delivered once, as produced"
     );
-    // The gate held: nothing this build would write only at level 2, 3 or 4.
+    // The gate held: nothing this build would write only at level 2, 3 or 4 (a keyless
+    // produce would write a tagged combinable id at level 4).
+    f.produce_keyless(&cur.base, "other", "keyless").await;
     let magics = f.segment_magics();
     assert!(!magics.contains_key("NSG3"), "{magics:?}");
     assert_eq!(f.tagged_segments(), 0, "tagged combinable ids are level 4");
@@ -426,6 +454,7 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         );
         f.produce(&cur.base, "mixed", &format!("m{n}"), order(n))
             .await;
+        f.produce_keyless(&cur.base, "other", "keyless").await;
         n += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
