@@ -71,6 +71,11 @@ pub struct BenchArgs {
     /// The topic's `ordering` setting: `none`, or `key` (per-key ordering; use `--keys`).
     #[arg(long, default_value = "none", value_parser = ["none", "key"])]
     pub ordering: String,
+    /// With `--processes`: run `--connections` clients in all (not per process), each
+    /// sending its requests to the processes in turn, as a client of Lambda instances
+    /// behind one endpoint does (a lone client: `--connections 1`).
+    #[arg(long)]
+    pub rotate: bool,
 }
 
 struct Phase {
@@ -112,7 +117,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     } else {
         Servers::processes(args.processes, &args.store, "bench:bench").await?
     };
-    let workers = args.connections.max(1) * servers.bases.len();
+    let rotate = args.rotate && servers.bases.len() > 1;
+    let workers = match rotate {
+        true => args.connections.max(1),
+        false => args.connections.max(1) * servers.bases.len(),
+    };
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(workers)
         .timeout(Duration::from_secs(60))
@@ -133,6 +142,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .map(|base| Client {
             http: http.clone(),
             base: base.clone(),
+            rotation: rotate.then(|| Rotation {
+                bases: Arc::new(servers.bases.clone()),
+                next: Arc::default(),
+            }),
             topic: topic.clone(),
             batch: args.batch.max(1),
             keys: args.keys,
@@ -244,6 +257,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         payload.len(),
         if args.processes == 0 {
             format!("{} connection(s)", args.connections)
+        } else if rotate {
+            format!(
+                "{} narad serve processes, {} connection(s) rotating over them",
+                args.processes, args.connections
+            )
         } else {
             format!(
                 "{} narad serve processes x {} connection(s)",
@@ -509,10 +527,19 @@ async fn concurrent_put_rate(
     Ok(rate)
 }
 
+/// The processes a rotating client sends its requests to in turn.
+#[derive(Clone)]
+struct Rotation {
+    bases: Arc<Vec<String>>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
 #[derive(Clone)]
 struct Client {
     http: reqwest::Client,
     base: String,
+    /// `--rotate`: every request goes to the next process instead of `base`.
+    rotation: Option<Rotation>,
     topic: String,
     batch: usize,
     /// Keys to give messages, round-robin (0: none), counted over all clients by `sent`.
@@ -521,6 +548,17 @@ struct Client {
 }
 
 impl Client {
+    /// Where the next request goes.
+    fn base(&self) -> &str {
+        match &self.rotation {
+            None => &self.base,
+            Some(r) => {
+                let n = r.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                &r.bases[n % r.bases.len()]
+            }
+        }
+    }
+
     /// The key of the next message, if messages get keys.
     fn next_key(&self) -> Option<String> {
         let n = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -534,7 +572,7 @@ impl Client {
         body: String,
     ) -> Result<reqwest::Response, String> {
         self.http
-            .request(method, format!("{}{path}", self.base))
+            .request(method, format!("{}{path}", self.base()))
             .basic_auth("bench", Some("bench"))
             .body(body)
             .send()
@@ -632,7 +670,7 @@ impl Client {
         for _ in 0..100 {
             let r = if self.batch == 1 && handles.len() == 1 {
                 self.http
-                    .post(format!("{}/v1/topics/{}/ack", self.base, self.topic))
+                    .post(format!("{}/v1/topics/{}/ack", self.base(), self.topic))
                     .query(&[("receipt_handle", handles[0].as_str())])
                     .basic_auth("bench", Some("bench"))
                     .send()

@@ -22,9 +22,9 @@ use super::ordering::{self, KEY_ROUNDS};
 use super::produces::{combinable, Produces};
 use super::repair::damaged;
 use super::replies::{split, Replies};
-use super::role::Attempts;
+use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
-use super::{lock, Committer, Pending, Queue};
+use super::{lock, Committer, Pending, Queue, TopicSeen};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::BrokerError;
 use crate::partition::batch::{self, Applied, Batch, Written};
@@ -32,20 +32,20 @@ use crate::partition::intent::{self, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
 use crate::partition::produce::Plan;
 use crate::partition::Manifest;
-use crate::store::{ETag, StoreError};
+use crate::store::StoreError;
 
 /// A batch to commit, the callers to answer, and the topic record ETag its producers saw.
 pub(super) struct Work {
     pub batch: Batch,
     pub replies: Replies,
-    pub topic_etag: ETag,
+    pub topic: TopicSeen,
 }
 
 /// The manifest change of one batch (see the module documentation).
 struct BatchCommit<'a> {
     committer: &'a Committer,
     q: &'a Queue,
-    topic_etag: ETag,
+    topic: TopicSeen,
     batch: Batch,
     now: u64,
     produces: Produces,
@@ -71,9 +71,7 @@ impl<'a> BatchCommit<'a> {
         head: Option<Ready>,
     ) -> Self {
         let Work {
-            mut batch,
-            topic_etag,
-            ..
+            mut batch, topic, ..
         } = work;
         let (produces, landing) = match head {
             None => (Produces::default(), Landing::new(combining)),
@@ -94,7 +92,7 @@ impl<'a> BatchCommit<'a> {
         Self {
             committer: c,
             q,
-            topic_etag,
+            topic,
             batch,
             now: c.clock.now_ms(),
             produces,
@@ -151,7 +149,7 @@ impl Change<Manifest> for BatchCommit<'_> {
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
         self.attempts += 1;
         let (c, q, state) = (self.committer, self.q, &snap.value);
-        let work = (&self.batch, &self.topic_etag);
+        let work = (&self.batch, &self.topic);
         let segment_landed = self.produces.prepare(c, q, work, state, self.now).await;
         let intents_decided = self.landing.check_own_intents(c, q, state).await;
         let progress = Progress {
@@ -233,22 +231,19 @@ impl Committer {
         mut cache: Option<Snapshot<Manifest>>,
     ) -> Option<Snapshot<Manifest>> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        let (batch, replies, topic_etag) = split(pending);
+        let (batch, replies, topic) = split(pending);
         // Sweeps commit under the rules of the last batch (retention, and the settles and
         // leases of other processes' intents).
         let contended = {
             let mut st = lock(&q.state);
-            st.role.took_batch(batch.rules, topic_etag.clone());
+            st.role.took_batch(batch.rules, topic.etag.clone());
             st.role.contended(Instant::now())
         };
         let held = cache.as_ref().map(|s| &s.value);
         let mut combining = contended && self.combines(&batch, held);
         let mut head = None;
         if combining {
-            match self
-                .combine_head(q, &batch, &topic_etag, cache.take())
-                .await
-            {
+            match self.combine_head(q, &batch, &topic, cache.take()).await {
                 Ok(Head::Decided(snap, base, own)) => {
                     replies.answer_decided(&batch, base, &own, &snap.value);
                     self.wakers.wake(&q.topic);
@@ -295,7 +290,7 @@ impl Committer {
         let work = Work {
             batch,
             replies,
-            topic_etag,
+            topic,
         };
         self.commit(q, work, cache, combining, head).await.0
     }
@@ -317,11 +312,15 @@ impl Committer {
         // A cache that was out of date last time probably is again (requests of one
         // client rotating over processes): confirm it first, a conditional GET, rather
         // than pay a failed PUT and then the read anyway.
-        let refreshed = match cache.as_mut() {
+        let confirmed = match cache.as_mut() {
             Some(snap) if lock(&q.state).role.confirm_cache_first() => {
-                cell.refresh::<Infallible>(snap).await.is_ok()
+                match cell.refresh::<Infallible>(snap).await {
+                    Ok(true) => Confirmed::Unchanged,
+                    Ok(false) => Confirmed::Changed,
+                    Err(_) => Confirmed::No,
+                }
             }
-            _ => false,
+            _ => Confirmed::No,
         };
         let mut result = cell.update_cached(&mut cache, &mut change).await;
         if matches!(&result, Err(e) if damaged(e)) && self.self_repair(q, &change.batch.rules).await
@@ -331,7 +330,7 @@ impl Committer {
         }
         let attempts = Attempts {
             tries: change.attempts,
-            refreshed,
+            confirmed,
             callers: replies.len() > 0,
         };
         lock(&q.state).role.committed(attempts, Instant::now());

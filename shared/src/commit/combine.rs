@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::listing::Listed;
-use super::{lock, Committer, Queue};
+use super::{lock, Committer, Queue, TopicSeen};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -47,7 +47,6 @@ use crate::partition::combine::Status;
 use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
-use crate::store::ETag;
 
 /// A pending segment older than this is not deferred to: its writer may be gone.
 pub(super) const ABANDON_MS: u64 = 1000;
@@ -119,7 +118,7 @@ impl Committer {
         &self,
         q: &Queue,
         batch: &Batch,
-        topic_etag: &ETag,
+        topic: &TopicSeen,
         own: &mut Own,
         (dead_segment, dead_intents): (bool, &[usize]),
         after: &str,
@@ -133,9 +132,7 @@ impl Committer {
                 let dead = keys::segment(&q.topic, q.partition, &seg.id);
                 self.store.delete(&dead).await?;
                 let messages = plan.new_messages(&batch.produces);
-                let seg = self
-                    .write_segment(q, topic_etag, messages, Some(after))
-                    .await?;
+                let seg = self.write_segment(q, topic, messages, Some(after)).await?;
                 own.segment = Some((seg, plan));
             }
         }
@@ -156,7 +153,7 @@ impl Committer {
         &self,
         q: &Queue,
         batch: &Batch,
-        topic_etag: &ETag,
+        topic: &TopicSeen,
         cache: Option<Snapshot<Manifest>>,
     ) -> BrokerResult<Head> {
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
@@ -172,19 +169,12 @@ impl Committer {
         // leases go into that commit as they are, and need no intents.
         let committer = lock(&q.state).role.is_committer();
         let mut own = self
-            .write_own(q, batch, topic_etag, &snap.value, !committer)
+            .write_own(q, batch, topic, &snap.value, !committer)
             .await?;
         let round_trip = started.elapsed();
         let mut listed = None;
         if !committer {
-            let waited = self.wait(
-                q,
-                (batch, topic_etag),
-                &cell,
-                &mut snap,
-                &mut own,
-                round_trip,
-            );
+            let waited = self.wait(q, (batch, topic), &cell, &mut snap, &mut own, round_trip);
             match waited.await? {
                 Waited::Decided(base) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +210,7 @@ impl Committer {
     async fn wait(
         &self,
         q: &Queue,
-        (batch, topic_etag): (&Batch, &ETag),
+        (batch, topic): (&Batch, &TopicSeen),
         cell: &Cell<'_, Manifest>,
         snap: &mut Snapshot<Manifest>,
         own: &mut Own,
@@ -244,8 +234,7 @@ impl Committer {
                     let started = Instant::now();
                     let after = snap.value.ids_above().to_owned();
                     let dead = (dead_segment, &dead_intents[..]);
-                    self.rewrite(q, batch, topic_etag, own, dead, &after)
-                        .await?;
+                    self.rewrite(q, batch, topic, own, dead, &after).await?;
                     round_trip = started.elapsed();
                 }
                 Step::Consider => {
@@ -267,7 +256,7 @@ impl Committer {
         &self,
         q: &Queue,
         batch: &Batch,
-        topic_etag: &ETag,
+        topic: &TopicSeen,
         state: &Manifest,
         intents: bool,
     ) -> BrokerResult<Own> {
@@ -278,9 +267,7 @@ impl Committer {
             }
             let plan = Plan::new(&batch.produces, state, self.clock.now_ms(), &|_| None);
             let messages = plan.new_messages(&batch.produces);
-            let seg = self
-                .write_segment(q, topic_etag, messages, Some(after))
-                .await?;
+            let seg = self.write_segment(q, topic, messages, Some(after)).await?;
             Ok::<_, BrokerError>(Some((seg, plan)))
         };
         let intents = futures::future::try_join_all(

@@ -144,6 +144,16 @@ pub enum Peek {
     },
 }
 
+/// The topic record as a batch's callers saw it.
+#[derive(Debug, Clone)]
+pub(super) struct TopicSeen {
+    /// Its ETag.
+    pub etag: ETag,
+    /// Read from the store by the request itself rather than from the topic cache: a
+    /// segment written for it needs no re-check (it would confirm what was just read).
+    pub fresh: bool,
+}
+
 /// One queued operation with the channel its caller waits on.
 enum Op {
     Produce(Vec<NewStored>, oneshot::Sender<BrokerResult<Vec<u64>>>),
@@ -156,7 +166,7 @@ enum Op {
 struct Pending {
     op: Op,
     rules: Rules,
-    topic_etag: ETag,
+    topic: TopicSeen,
     /// The span of the request that queued it (`http::trace`): it learns its commit's id.
     span: tracing::Span,
 }
@@ -456,7 +466,10 @@ impl Committer {
             st.pending.push(Pending {
                 op,
                 rules: Rules::from(&topic.settings),
-                topic_etag: topic.etag.clone(),
+                topic: TopicSeen {
+                    etag: topic.etag.clone(),
+                    fresh: !topic.from_cache,
+                },
                 span: tracing::Span::current(),
             });
             !std::mem::replace(&mut st.running, true)

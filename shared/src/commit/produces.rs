@@ -9,14 +9,13 @@
 
 use std::collections::HashMap;
 
-use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use super::{Committer, Queue, TopicSeen, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::error::BrokerError;
 use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
-use crate::store::ETag;
 
 /// One batch's produces (see the module documentation).
 #[derive(Default)]
@@ -79,7 +78,7 @@ impl Produces {
         &mut self,
         c: &Committer,
         q: &Queue,
-        (batch, topic_etag): (&Batch, &ETag),
+        (batch, topic): (&Batch, &TopicSeen),
         state: &Manifest,
         now: u64,
     ) -> bool {
@@ -101,7 +100,7 @@ impl Produces {
             if plan.needs_segment() {
                 let messages = plan.new_messages(&batch.produces);
                 let after = combinable(batch).then_some(state.ids_above());
-                match c.write_segment(q, topic_etag, messages, after).await {
+                match c.write_segment(q, topic, messages, after).await {
                     Ok(seg) => self.segment = Some(seg),
                     Err(e) => self.refused = Some(e),
                 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::combine::Own;
-use super::{LeaseAnswer, Op, Pending};
+use super::{LeaseAnswer, Op, Pending, TopicSeen};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::batch::{self, Applied, Batch};
 use crate::partition::intent::{self, Intent, Status as IntentStatus};
@@ -193,16 +193,20 @@ fn answer_intents(
 }
 
 /// Splits queued operations into the pure batch and the callers to answer.
-pub(super) fn split(pending: Vec<Pending>) -> (Batch, Replies, ETag) {
+pub(super) fn split(pending: Vec<Pending>) -> (Batch, Replies, TopicSeen) {
     // Retention and the dedup window follow the first operation's view of the topic.
     let rules = pending
         .first()
         .map_or_else(|| Rules::from(&TopicSettings::default()), |p| p.rules);
     let mut batch = Batch::new(rules);
     let mut replies = Replies::default();
-    let mut topic_etag = None;
+    let mut topic: Option<TopicSeen> = None;
     for p in pending {
-        topic_etag.get_or_insert(p.topic_etag);
+        match &mut topic {
+            None => topic = Some(p.topic),
+            // Fresh only if every caller read the same record itself.
+            Some(t) => t.fresh &= p.topic.fresh && p.topic.etag == t.etag,
+        }
         match p.op {
             Op::Produce(msgs, tx) => {
                 batch.produces.push(msgs);
@@ -230,5 +234,9 @@ pub(super) fn split(pending: Vec<Pending>) -> (Batch, Replies, ETag) {
             }
         }
     }
-    (batch, replies, topic_etag.unwrap_or_else(|| ETag::new("")))
+    let topic = topic.unwrap_or(TopicSeen {
+        etag: ETag::new(""),
+        fresh: false,
+    });
+    (batch, replies, topic)
 }

@@ -23,13 +23,24 @@ pub(super) const MAX_SWEEPS: u32 = 256;
 /// with few writers the next segment is often a round trip away.
 pub(super) const IDLE_SWEEPS: u32 = 3;
 
+/// Whether a batch confirmed its cached snapshot with a conditional GET before writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Confirmed {
+    /// It wrote against the cache as it was.
+    No,
+    /// The store answered 304: the cache was current.
+    Unchanged,
+    /// The store held a newer manifest: the cache was out of date again.
+    Changed,
+}
+
 /// How one batch's manifest write went, as the role needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Attempts {
     /// Conditional writes tried (more than one: the snapshot was out of date).
     pub tries: u32,
-    /// Whether the cached snapshot was confirmed with a conditional GET first.
-    pub refreshed: bool,
+    /// Whether the cached snapshot was confirmed first, and what that found.
+    pub confirmed: Confirmed,
     /// Whether the batch had callers (a sweep has none).
     pub callers: bool,
 }
@@ -38,7 +49,17 @@ impl Attempts {
     /// Whether another writer raced this one: one conflict on a cache not confirmed first
     /// is a stale cache (a lone client whose requests rotate over processes), not a race.
     pub fn raced(&self) -> bool {
-        self.tries > if self.refreshed { 1 } else { 2 }
+        self.tries
+            > if self.confirmed == Confirmed::No {
+                2
+            } else {
+                1
+            }
+    }
+
+    /// Whether the cache turned out out of date (so the next batch confirms it first).
+    pub fn found_stale(&self) -> bool {
+        self.tries > 1 || self.confirmed == Confirmed::Changed
     }
 }
 
@@ -133,7 +154,7 @@ impl Role {
 
     /// A batch's (or sweep's) manifest write ended at `now` after `a`.
     pub fn committed(&mut self, a: Attempts, now: Instant) {
-        self.stale_cache = a.tries > 1;
+        self.stale_cache = a.found_stale();
         if a.raced() {
             self.mark_contended(now);
         }
@@ -149,9 +170,13 @@ mod tests {
     use super::*;
 
     fn tried(tries: u32, refreshed: bool, callers: bool) -> Attempts {
+        let confirmed = match refreshed {
+            true => Confirmed::Unchanged,
+            false => Confirmed::No,
+        };
         Attempts {
             tries,
-            refreshed,
+            confirmed,
             callers,
         }
     }
@@ -181,6 +206,15 @@ mod tests {
         assert!(r.contended(t0));
         r.committed(tried(1, true, true), t0);
         assert!(!r.confirm_cache_first());
+        // Confirmed first and found out of date again (requests rotating over processes):
+        // keep confirming first, rather than alternate with a failed write.
+        let rotating = Attempts {
+            tries: 1,
+            confirmed: Confirmed::Changed,
+            callers: true,
+        };
+        r.committed(rotating, t0);
+        assert!(r.confirm_cache_first() && !rotating.raced());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use super::batch::Work;
 use super::combine::{Own, Ready};
 use super::replies::Replies;
-use super::{lock, Committer, Queue};
+use super::{lock, Committer, Queue, TopicSeen};
 use crate::cas::Snapshot;
 use crate::partition::batch::Batch;
 use crate::partition::Manifest;
@@ -21,7 +21,7 @@ impl Committer {
         cache: Option<Snapshot<Manifest>>,
     ) -> (Option<Snapshot<Manifest>>, bool) {
         let with = lock(&q.state).role.sweep_with();
-        let (Some(snap), Some((rules, topic_etag))) = (cache, with) else {
+        let (Some(snap), Some((rules, etag))) = (cache, with) else {
             return (None, false);
         };
         let listed = self.list_combinable(q, &snap.value, None).await;
@@ -37,7 +37,7 @@ impl Committer {
         let work = Work {
             batch: Batch::new(rules),
             replies: Replies::default(),
-            topic_etag,
+            topic: TopicSeen { etag, fresh: false },
         };
         let (cache, landed) = self.commit(q, work, Some(snap), true, Some(ready)).await;
         if landed > 0 {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Committer, Queue};
+use super::{Committer, Queue, TopicSeen};
 use crate::cas::{Invalid, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -59,7 +59,7 @@ impl Committer {
     pub(super) async fn write_segment(
         &self,
         q: &Queue,
-        topic_etag: &ETag,
+        topic: &TopicSeen,
         messages: Vec<StoredMessage>,
         combinable_after: Option<&str>,
     ) -> BrokerResult<SegmentRef> {
@@ -87,12 +87,15 @@ impl Committer {
         // 4): once written, a process of a new topic of the same name could land it while
         // this produce is retried there, so it is checked first. A tagged one is landed
         // only by its own incarnation's commits.
-        if combinable_after.is_some() && !tagged {
-            self.check_topic(q, topic_etag).await?;
+        if topic.fresh {
+            // Read by the request itself a moment ago: the check would confirm it.
+            self.store.put_if_absent(&key, body).await?;
+        } else if combinable_after.is_some() && !tagged {
+            self.check_topic(q, &topic.etag).await?;
             self.store.put_if_absent(&key, body).await?;
         } else {
             let (checked, put) = tokio::join!(
-                self.check_topic(q, topic_etag),
+                self.check_topic(q, &topic.etag),
                 self.store.put_if_absent(&key, body)
             );
             checked?;
