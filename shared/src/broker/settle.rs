@@ -4,8 +4,16 @@
 //! handle costs nothing; then each valid handle becomes one settle operation on its
 //! partition's committer, where the pure transition [`crate::partition::settle`] decides.
 //! Handles on one partition share a commit.
+//!
+//! A settle takes the topic from this process's cache for up to [`SETTLE_TOPIC_MAX_AGE`],
+//! past the ordinary cache period: its handle names the incarnation it was granted in, so
+//! a topic deleted or created again since is found out anyway (a handle of another
+//! incarnation reloads the topic, and a manifest that is gone or another incarnation's
+//! settles nothing), and a client whose requests rotate over many processes then pays no
+//! topic read on its acks.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::Instrument;
 
@@ -14,6 +22,11 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::receipt::{incarnation_tag, Claims};
 use crate::topic::Topic;
+
+/// How old a cached topic a settle may use (see the module documentation): a change of
+/// `max_acked_ahead_per_partition`, `visibility_timeout_ms` or `max_deliveries` reaches
+/// settles within this.
+pub const SETTLE_TOPIC_MAX_AGE: Duration = Duration::from_secs(10);
 
 impl Broker {
     /// Acks, extends or nacks the lease a receipt handle names.
@@ -49,7 +62,11 @@ impl Broker {
             return Ok(claims.into_iter().map(|c| c.map(|_| ())).collect());
         }
         let claims = Arc::new(claims);
-        self.with_topic(name, |topic| {
+        let topic = match self.topics.recent(name, SETTLE_TOPIC_MAX_AGE) {
+            Some(t) => t,
+            None => self.topic(name).await?,
+        };
+        self.with_loaded_topic(name, topic, |topic| {
             let claims = claims.clone();
             async move { self.settle_on(&topic, entries, &claims).await }
         })

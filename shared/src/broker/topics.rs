@@ -86,6 +86,16 @@ impl TopicCache {
         })
     }
 
+    /// The cached topic if it was read within `max_age` (however long the cache period).
+    pub(super) fn recent(&self, name: &str, max_age: Duration) -> Option<Topic> {
+        let map = self.lock();
+        let (at, t) = map.get(name)?;
+        (at.elapsed() < max_age.max(self.ttl)).then(|| Topic {
+            from_cache: true,
+            ..t.clone()
+        })
+    }
+
     /// The cached topic whatever its age, if it was read with ETag `etag` (a listing
     /// just showed that ETag: the settings are current).
     pub(super) fn confirmed(&self, name: &str, etag: &ETag) -> Option<Topic> {
