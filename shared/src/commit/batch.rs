@@ -343,6 +343,12 @@ impl Committer {
                 (cache, landed)
             }
             Err(e) => {
+                if matches!(e, crate::cas::CasError::Contention) {
+                    tracing::warn!(
+                        attempts = change.attempts,
+                        "the manifest write lost every race: answered 503"
+                    );
+                }
                 replies.fail(&BrokerError::from(e));
                 (None, 0)
             }

@@ -229,7 +229,13 @@ impl Committer {
             }
             match step(self.own_fate(q, &snap.value, own).await, unchanged) {
                 Step::Answer(base) => return Ok(Waited::Decided(base)),
-                Step::GiveUp => return Err(BrokerError::Contention),
+                Step::GiveUp => {
+                    tracing::warn!(
+                        version = snap.value.version,
+                        "a combining write's fate can no longer be told: answered 503"
+                    );
+                    return Err(BrokerError::Contention);
+                }
                 Step::Rewrite(dead_segment, dead_intents) => {
                     let started = Instant::now();
                     let after = snap.value.ids_above().to_owned();

@@ -160,6 +160,7 @@ impl Produces {
             }
             Status::Landed(_) => return true,
             Status::Unknown => {
+                tracing::warn!(segment = %seg.id, version = state.version, "the fate of this batch's combinable segment can no longer be told: answered 503");
                 self.segment = None;
                 self.refused = Some(BrokerError::Contention);
             }

@@ -91,7 +91,10 @@ impl Replies {
                     next = Some(b + n);
                     Ok((b..b + n).collect())
                 }
-                None => Err(BrokerError::Contention),
+                None => {
+                    tracing::warn!("a combining produce decided without a segment: answered 503");
+                    Err(BrokerError::Contention)
+                }
             });
         }
         answer_intents(self.settled, self.leased, &own.intents, state);
