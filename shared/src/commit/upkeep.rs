@@ -115,14 +115,21 @@ impl Committer {
         if !index::merges_into_leaf(run) {
             return Some(Entries::Indexes(run.to_vec()));
         }
-        let mut segments = Vec::new();
-        for r in run {
+        // Read at once, not one after another: a process that has not cached them (its
+        // first commit on a partition) would otherwise spend a round trip per index on
+        // every attempt of its commit.
+        let reads = run.iter().map(|r| {
             let key = keys::index(&q.topic, q.partition, &r.id);
-            let read = self
-                .caches
-                .indexes
-                .read_through(&*self.store, &key, Index::decode);
-            let loaded = match read.await {
+            async move {
+                self.caches
+                    .indexes
+                    .read_through(&*self.store, &key, Index::decode)
+                    .await
+            }
+        });
+        let mut segments = Vec::new();
+        for read in futures::future::join_all(reads).await {
+            let loaded = match read {
                 Ok(Some(i)) => i,
                 Ok(None) => return None,
                 Err(e) => {
