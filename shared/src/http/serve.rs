@@ -10,7 +10,7 @@
 //! * **Connection limit** (`NARAD_MAX_CONNECTIONS`, lowered to half of what the
 //!   file-descriptor limit leaves after a reserve, so the store's own files and sockets
 //!   always fit): a connection over it is answered 503 with `Retry-After` and closed
-//!   within 200 ms (at once, 20 ms after its answer, when it has sent nothing, as an idle
+//!   within 200 ms (100 ms after its answer when it has sent nothing, as an idle
 //!   socket has not). At most half as many refusals run at once; while they are all busy
 //!   the loop stops accepting for a moment (the kernel's backlog holds new connections),
 //!   so descriptors never run out, and every connection, a health check included, gets an
@@ -42,8 +42,11 @@ const FD_RESERVE: u64 = 64;
 
 /// How long a refused connection is kept open for its answer to be read.
 const REFUSE_WITHIN: Duration = Duration::from_millis(200);
-/// How long a refused connection that has sent nothing is waited on before it is closed.
-const QUIET_PEER: Duration = Duration::from_millis(20);
+/// How long a refused connection that has sent nothing is waited on before it is closed:
+/// long enough for a client that sends its request right after connecting to get it in
+/// on a loaded machine (closed with its request unread, it would get a reset instead of
+/// the answer), short enough that idle sockets free their refusal slots quickly.
+const QUIET_PEER: Duration = Duration::from_millis(100);
 
 /// How long connections may finish their requests after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(10);
