@@ -28,9 +28,9 @@ use crate::store::{ETag, Fetched, StoreError};
 use crate::topic::TopicRecord;
 
 impl Committer {
-    /// Writes an intent asking `ask` above `after` (the [`crate::partition::Manifest::ids_above`] this process
-    /// knows): one PUT of an empty object, tried twice when the answer is lost (a
-    /// conflict on the second try is the first one having landed).
+    /// Writes an intent asking `ask` above `after` (what this process knows of
+    /// [`crate::partition::Manifest::ids_above`]): one PUT of an empty object, tried twice
+    /// when the answer is lost (a conflict on the second try is the first one landing).
     pub(super) async fn write_intent(
         &self,
         q: &Queue,
