@@ -322,12 +322,29 @@ impl Committer {
             }
             _ => Confirmed::No,
         };
-        let mut result = cell.update_cached(&mut cache, &mut change).await;
-        if matches!(&result, Err(e) if damaged(e)) && self.self_repair(q, &change.batch.rules).await
-        {
-            cache = None;
-            result = cell.update_cached(&mut cache, &mut change).await;
-        }
+        // The committer lists again beside its CAS, for the next sweep or batch.
+        let ahead = match (combining, &cache) {
+            (true, Some(snap)) if lock(&q.state).role.is_committer() => {
+                Some(snap.value.combined_through.clone())
+            }
+            _ => None,
+        };
+        let write = async {
+            let mut result = cell.update_cached(&mut cache, &mut change).await;
+            if matches!(&result, Err(e) if damaged(e))
+                && self.self_repair(q, &change.batch.rules).await
+            {
+                cache = None;
+                result = cell.update_cached(&mut cache, &mut change).await;
+            }
+            result
+        };
+        let list = async {
+            if let Some(after) = &ahead {
+                self.list_ahead(q, after).await;
+            }
+        };
+        let (result, ()) = futures::join!(write, list);
         let attempts = Attempts {
             tries: change.attempts,
             confirmed,

@@ -85,14 +85,16 @@ pub(super) enum Head {
     Corrupt(Own),
 }
 
-/// How long to wait before reading the manifest: first two and a half store round trips
-/// (measured by this writer's own PUT: a committer's next listing and CAS, and some of
-/// the wait for that listing to start), then one and a half.
+/// How long to wait before reading the manifest: first one and three quarter store round
+/// trips (measured by this writer's own PUT: the committer lists beside each CAS, so a
+/// write lands about two and a half round trips after it is visible, and a read sent
+/// now reads the manifest most of a round trip later), then one round trip, the
+/// committer's cycle.
 fn poll_after(round_trip: Duration, first: bool) -> Duration {
     let d = if first {
-        round_trip * 5 / 2
+        round_trip * 7 / 4
     } else {
-        round_trip * 3 / 2
+        round_trip
     };
     d.clamp(Duration::from_millis(1), Duration::from_secs(1))
 }
@@ -168,11 +170,23 @@ impl Committer {
         // The partition's committer commits this batch itself, at once: its settles and
         // leases go into that commit as they are, and need no intents.
         let committer = lock(&q.state).role.is_committer();
-        let mut own = self
-            .write_own(q, batch, topic, &snap.value, !committer)
-            .await?;
+        // The committer lands what it listed beside its last commit, or lists beside its
+        // own writes, unless the batch has produces: its own segment, the newest id, would
+        // pass over every segment still in flight that such a listing missed, so the
+        // listing follows its write.
+        let ahead = committer && batch.produces.is_empty();
+        let mut listed = ahead.then(|| self.take_ahead(q, &snap.value)).flatten();
+        let listing = async {
+            match ahead && listed.is_none() {
+                true => Some(self.list_combinable(q, &snap.value, None).await),
+                false => None,
+            }
+        };
+        let own = self.write_own(q, batch, topic, &snap.value, !committer);
+        let (own, listing) = futures::join!(own, listing);
+        let mut own = own?;
+        listed = listed.or(listing);
         let round_trip = started.elapsed();
-        let mut listed = None;
         if !committer {
             let waited = self.wait(q, (batch, topic), &cell, &mut snap, &mut own, round_trip);
             match waited.await? {

@@ -2,10 +2,14 @@
 //! this process's own combinable segment stands: the reads that let a committer land
 //! other processes' writes without reading them.
 
-use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::keys;
 use crate::partition::combine::{self, Combinable, Status};
-use crate::partition::index::{Entries, Index};
+use crate::partition::index::{Entries, Index, IndexRef};
 use crate::partition::intent::{self, Intent, Status as IntentStatus};
 use crate::partition::{Manifest, SegmentRef};
 
@@ -21,6 +25,19 @@ pub(super) const MAX_LANDING: usize = 256;
 pub(crate) struct Listed {
     pub segments: Vec<SegmentRef>,
     pub intents: Vec<Intent>,
+}
+
+/// The oldest a listing made ahead may be when a sweep or batch takes it: older than that,
+/// listing again finds more for the same request.
+pub(super) const AHEAD_FOR: Duration = Duration::from_millis(500);
+
+/// A listing the partition's committer made while its last commit was in flight, for the
+/// next commit to land from: the committer's cycle is then one round trip, the CAS, with
+/// the next listing beside it, rather than a listing and a CAS one after another.
+#[derive(Debug)]
+pub(super) struct Ahead {
+    listed: Listed,
+    at: Instant,
 }
 
 impl Listed {
@@ -41,62 +58,87 @@ impl Committer {
         state: &Manifest,
         own: Option<&str>,
     ) -> Listed {
+        let mut listed = self.list_after(q, &state.combined_through).await;
+        if let Some(own) = own {
+            listed.segments.retain(|s| s.id != own);
+        }
+        self.still_pending(q, listed, state)
+    }
+
+    /// The combinable segments and intents listed after `after` (one LIST), before any
+    /// manifest is consulted: [`Self::still_pending`] filters them against one.
+    pub(super) async fn list_after(&self, q: &Queue, after: &str) -> Listed {
         let prefix = keys::segments_prefix(&q.topic, q.partition);
-        let Ok(keys) = self
-            .store
-            .list_after(&prefix, &state.combined_through, MAX_LANDING)
-            .await
-        else {
+        let Ok(keys) = self.store.list_after(&prefix, after, MAX_LANDING).await else {
             return Listed::default();
-        };
-        let now = self.clock.now_ms();
-        let fresh = |written: u64| {
-            now.saturating_sub(written) <= MAX_SEGMENT_AGE_AT_COMMIT_MS
-                && written >= q.created_at_ms
         };
         let mut listed = Listed::default();
         for id in keys.iter().filter_map(|k| k.strip_prefix(&prefix)) {
-            if Some(id) == own {
-                continue;
-            }
             if let Some(c) = Combinable::parse(id) {
-                if fresh(c.written_ms)
-                    && c.belongs_to(&q.tag)
-                    && combine::status(state, &c.id) == Status::Pending
-                {
+                if c.belongs_to(&q.tag) {
                     listed.segments.push(c.to_ref());
                 }
             } else if let Some(i) = Intent::parse(id) {
-                if fresh(i.written_ms) && intent::status(state, &i.id) == IntentStatus::Pending {
-                    listed.intents.push(i);
-                }
+                listed.intents.push(i);
             }
         }
         listed
     }
 
+    /// What of `listed` is still pending in `state` and young enough to commit now: a
+    /// listing made before `state` was read (while the commit that wrote it was in
+    /// flight) is as good as a fresh one, less what was written since.
+    pub(super) fn still_pending(&self, q: &Queue, mut listed: Listed, state: &Manifest) -> Listed {
+        let now = self.clock.now_ms();
+        let fresh = |written: u64| {
+            now.saturating_sub(written) <= MAX_SEGMENT_AGE_AT_COMMIT_MS
+                && written >= q.created_at_ms
+        };
+        listed.segments.retain(|s| {
+            fresh(s.last_produced_ms) && combine::status(state, &s.id) == Status::Pending
+        });
+        listed.intents.retain(|i| {
+            fresh(i.written_ms) && intent::status(state, &i.id) == IntentStatus::Pending
+        });
+        listed
+    }
+
+    /// Lists after `after` beside a commit in flight, and keeps what it found for the next
+    /// commit ([`Self::take_ahead`]).
+    pub(super) async fn list_ahead(&self, q: &Queue, after: &str) {
+        let listed = self.list_after(q, after).await;
+        lock(&q.state).ahead = Some(Ahead {
+            listed,
+            at: Instant::now(),
+        });
+    }
+
+    /// What the listing made ahead ([`Self::list_ahead`]) found still pending in `state`,
+    /// if one was made within [`AHEAD_FOR`]; it is used once.
+    pub(super) fn take_ahead(&self, q: &Queue, state: &Manifest) -> Option<Listed> {
+        let ahead = lock(&q.state).ahead.take()?;
+        (ahead.at.elapsed() < AHEAD_FOR).then(|| self.still_pending(q, ahead.listed, state))
+    }
+
     /// The fate of this process's combinable segment `id` in `state`: as
     /// [`combine::status`], except that a segment the manifest no longer remembers is
-    /// looked for in the newest index objects (it may have been landed by another process
-    /// and folded since), reading at most [`FOLDED_LOOKUP`] of them.
+    /// looked for in the index objects that can hold it (their newest message is no older
+    /// than the segment), the oldest of those first: segments land in about the order they
+    /// are written, so that is where a segment that landed long ago is (a writer whose own
+    /// conditional write took seconds on SeaweedFS's lock, say, while dozens landed after
+    /// it). At most [`FOLDED_LOOKUP`] index objects are read.
     pub(super) async fn segment_status(&self, q: &Queue, state: &Manifest, id: &str) -> Status {
         let status = combine::status(state, id);
         if status != Status::Unknown {
             return status;
         }
-        let mut refs: Vec<_> = state
-            .indexes
-            .iter()
-            .rev()
-            .take(FOLDED_LOOKUP)
-            .cloned()
-            .collect();
+        let Some(written) = Combinable::parse(id).map(|c| c.written_ms) else {
+            return status;
+        };
+        let mut refs = candidates(&state.indexes, written);
         let mut read = 0;
-        while let Some(r) = refs.first().cloned() {
-            refs.remove(0);
-            if read == FOLDED_LOOKUP {
-                break;
-            }
+        while !refs.is_empty() && read < FOLDED_LOOKUP {
+            let r = refs.remove(0);
             read += 1;
             let key = keys::index(&q.topic, q.partition, &r.id);
             let loaded = self
@@ -110,13 +152,56 @@ impl Committer {
                         return Status::Landed(s.base_offset);
                     }
                 }
-                // A higher level: its newest children come next.
+                // A higher level: the children that can hold it come next.
                 Some(Entries::Indexes(children)) => {
-                    refs.splice(0..0, children.iter().rev().take(2).cloned());
+                    refs.splice(0..0, candidates(children, written));
                 }
                 None => {}
             }
         }
         Status::Unknown
+    }
+}
+
+/// The index refs of `refs` that can hold a segment written at `written_ms` (their newest
+/// message is no older), oldest first.
+fn candidates(refs: &[IndexRef], written_ms: u64) -> Vec<IndexRef> {
+    let mut out: Vec<IndexRef> = refs
+        .iter()
+        .filter(|r| r.last_produced_ms >= written_ms)
+        .cloned()
+        .collect();
+    out.sort_by_key(|r| (r.last_produced_ms, r.base_offset));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(id: &str, base: u64, last_ms: u64) -> IndexRef {
+        IndexRef {
+            id: id.into(),
+            level: 0,
+            base_offset: base,
+            end_offset: base + 16,
+            segments: 16,
+            last_produced_ms: last_ms,
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_folded_segment_is_looked_for_in_the_oldest_index_that_can_hold_it() {
+        let refs = [
+            index("a", 0, 1_000),
+            index("b", 16, 2_000),
+            index("c", 32, 3_000),
+            index("d", 48, 4_000),
+        ];
+        let ids = |v: Vec<IndexRef>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(candidates(&refs, 1_500)), ["b", "c", "d"]);
+        assert_eq!(ids(candidates(&refs, 2_000)), ["b", "c", "d"]);
+        assert!(candidates(&refs, 4_001).is_empty());
     }
 }

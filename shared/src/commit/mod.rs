@@ -192,6 +192,8 @@ struct QueueState {
     /// Message keys the last batch read for per-key ordering, at or above the frontier
     /// (facts: the next batch starts from them, and [`Committer::peek`] uses them).
     keys: lease::Keys,
+    /// What the committer listed while its last commit was in flight.
+    ahead: Option<listing::Ahead>,
 }
 
 /// One partition's queue.

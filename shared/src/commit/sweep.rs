@@ -1,6 +1,8 @@
 //! The partition's committer at work while its own queue is empty ([`super::role`]): one
 //! listing of the pending combinable segments and intents, and one CAS that lands them
-//! all, answering nobody here (their writers read the manifest).
+//! all, answering nobody here (their writers read the manifest). The listing is the one
+//! made beside the previous commit when there is one ([`super::listing::Ahead`]), so that
+//! under load a sweep is one round trip.
 
 use std::sync::atomic::Ordering;
 
@@ -24,7 +26,10 @@ impl Committer {
         let (Some(snap), Some((rules, etag))) = (cache, with) else {
             return (None, false);
         };
-        let listed = self.list_combinable(q, &snap.value, None).await;
+        let listed = match self.take_ahead(q, &snap.value) {
+            Some(listed) => listed,
+            None => self.list_combinable(q, &snap.value, None).await,
+        };
         if listed.is_empty() {
             return (Some(snap), false);
         }
