@@ -113,6 +113,27 @@ async fn written(w: &World, before: &[String], pending: impl Fn(&str) -> bool) {
     panic!("the waiting writer wrote nothing");
 }
 
+/// A process that produced one message, its queue and the manifest it cached.
+async fn one_message(w: &World) -> (Arc<Committer>, Arc<Queue>, Manifest) {
+    let b = process(w, w.store.clone());
+    b.produce(&w.topic, 0, message(w)).await.unwrap();
+    let q = idle_queue(&b, &w.topic).await;
+    let state = lock(&q.state).cache.clone().unwrap().value;
+    (b, q, state)
+}
+
+/// Writes an empty object under each of `ids` in the partition's segments (a combinable
+/// id says all a commit needs).
+async fn put_empty(w: &World, ids: &[&String]) {
+    for id in ids {
+        let key = keys::segment("t", 0, id);
+        w.store
+            .put_if_absent(&key, bytes::Bytes::new())
+            .await
+            .unwrap();
+    }
+}
+
 /// Marks `c`'s partition contended (another process was seen writing it).
 async fn contended(c: &Committer, t: &Topic) {
     lock(&idle_queue(c, t).await.state)
@@ -255,23 +276,45 @@ async fn an_ack_intent_whose_lease_lapsed_before_it_landed_answers_410_and_chang
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_commit_lands_no_segment_tagged_with_another_incarnation() {
     let w = world().await;
-    let b = process(&w, w.store.clone());
-    b.produce(&w.topic, 0, message(&w)).await.unwrap();
-    let q = idle_queue(&b, &w.topic).await;
-    let state = lock(&q.state).cache.clone().unwrap().value;
+    let (b, q, state) = one_message(&w).await;
     let now = w.clock.now_ms() + 5;
     let after = state.ids_above().to_owned();
     let ours = Combinable::tagged_id(now, &after, "u1", (1, 1), &combine::tag("inc-1"));
     let theirs = Combinable::tagged_id(now, &after, "u2", (1, 1), &combine::tag("inc-2"));
     let untagged = Combinable::id(now, &after, "u3", 1, 1);
-    for id in [&ours, &theirs, &untagged] {
-        let key = keys::segment("t", 0, id);
-        w.store
-            .put_if_absent(&key, bytes::Bytes::new())
-            .await
-            .unwrap();
-    }
+    put_empty(&w, &[&ours, &theirs, &untagged]).await;
     let listed = b.list_combinable(&q, &state, None).await;
     let ids: Vec<&str> = listed.segments.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, [ours.as_str(), untagged.as_str()]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_listing_made_ahead_lands_only_what_is_still_pending_and_only_while_fresh() {
+    let w = world().await;
+    let (b, q, state) = one_message(&w).await;
+    let now = w.clock.now_ms() + 5;
+    let after = state.ids_above().to_owned();
+    let tag = combine::tag("inc-1");
+    let first = Combinable::tagged_id(now, &after, "u1", (1, 1), &tag);
+    let second = Combinable::tagged_id(now, &after, "u2", (1, 1), &tag);
+    put_empty(&w, &[&first, &second]).await;
+    // Listed beside a commit that lands the first one.
+    b.list_ahead(&q, &state.combined_through).await;
+    let mut landed = state.clone();
+    combine::land(&mut landed, &[Combinable::parse(&first).unwrap().to_ref()]);
+    let next = b.take_ahead(&q, &landed).expect("a fresh listing is taken");
+    let ids: Vec<&str> = next.segments.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [second.as_str()],
+        "what that commit landed is left out"
+    );
+    assert!(b.take_ahead(&q, &landed).is_none(), "it is used once");
+
+    b.list_ahead(&q, &state.combined_through).await;
+    tokio::time::advance(super::listing::AHEAD_FOR).await;
+    assert!(
+        b.take_ahead(&q, &landed).is_none(),
+        "an old one is listed again instead"
+    );
 }
