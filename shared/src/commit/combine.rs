@@ -170,22 +170,15 @@ impl Committer {
         // The partition's committer commits this batch itself, at once: its settles and
         // leases go into that commit as they are, and need no intents.
         let committer = lock(&q.state).role.is_committer();
-        // The committer lands what it listed beside its last commit, or lists beside its
-        // own writes, unless the batch has produces: its own segment, the newest id, would
-        // pass over every segment still in flight that such a listing missed, so the
-        // listing follows its write.
-        let ahead = committer && batch.produces.is_empty();
-        let mut listed = ahead.then(|| self.take_ahead(q, &snap.value)).flatten();
-        let listing = async {
-            match ahead && listed.is_none() {
-                true => Some(self.list_combinable(q, &snap.value, None).await),
-                false => None,
-            }
-        };
-        let own = self.write_own(q, batch, topic, &snap.value, !committer);
-        let (own, listing) = futures::join!(own, listing);
-        let mut own = own?;
-        listed = listed.or(listing);
+        let mut own = self
+            .write_own(q, batch, topic, &snap.value, !committer)
+            .await?;
+        // The committer lands what it listed beside its last commit, unless the batch has
+        // produces: its own segment, the newest id, would pass over every segment still in
+        // flight that such a listing missed, so the listing follows its write.
+        let mut listed = (committer && batch.produces.is_empty())
+            .then(|| self.take_ahead(q, &snap.value))
+            .flatten();
         let round_trip = started.elapsed();
         if !committer {
             let waited = self.wait(q, (batch, topic), &cell, &mut snap, &mut own, round_trip);
