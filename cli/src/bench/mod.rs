@@ -87,6 +87,9 @@ struct Phase {
     ops_per_commit: f64,
     /// Combining figures over the phase (see `servers::Snapshot`).
     combining: (f64, f64, f64, f64, f64),
+    /// Server CPU seconds over the phase (with no `--processes`, the bench process's,
+    /// clients included).
+    cpu: Option<f64>,
     errors: usize,
 }
 
@@ -275,7 +278,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     println!("store request capacity: {put_rate:.1} PUT/s (8 concurrent writers of small new objects, from this process)");
     println!();
     println!(
-        "{:<12} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>8} {:>10}",
+        "{:<12} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>8} {:>10} {:>10}",
         "phase",
         "msgs/s",
         "xCAS",
@@ -288,7 +291,8 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "errors",
         "$/M msgs",
         "LIST/msg",
-        "ops/commit"
+        "ops/commit",
+        "CPU us/msg"
     );
     let mut total = Counts::default();
     for p in &phases {
@@ -313,6 +317,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 sweeps / n
             );
         }
+    }
+    if args.processes == 0 {
+        println!("CPU us/msg: this process's CPU (server and clients) per message; with --processes, the servers' alone");
+    } else {
+        println!("CPU us/msg: the narad serve processes' CPU (user + system) per message");
     }
     let n = args.messages.max(1) as f64;
     let dollars = ((total.puts() + total.op("list")) as f64 * PUT_PRICE
@@ -359,7 +368,7 @@ fn print_phase(p: &Phase, cas_rate: f64) {
         / n
         * 1e6;
     println!(
-        "{:<12} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.2} {:>8.3} {:>10.2}",
+        "{:<12} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.2} {:>8.3} {:>10.2} {:>10}",
         p.name,
         rate,
         rate / cas_rate.max(1e-9),
@@ -372,7 +381,9 @@ fn print_phase(p: &Phase, cas_rate: f64) {
         p.errors,
         dollars,
         p.counts.op("list") as f64 / n,
-        p.ops_per_commit
+        p.ops_per_commit,
+        p.cpu
+            .map_or_else(|| "-".to_owned(), |c| format!("{:.1}", c / n * 1e6))
     );
 }
 
@@ -453,6 +464,7 @@ where
             used.takeovers,
             used.sweeps,
         ),
+        cpu: used.cpu,
         ops_per_commit: if used.commits > 0.0 {
             used.committed_ops / used.commits
         } else {

@@ -27,6 +27,9 @@ pub struct Snapshot {
     pub polls: f64,
     pub takeovers: f64,
     pub sweeps: f64,
+    /// CPU seconds (user + system) the servers have used; `None` where `/proc` cannot
+    /// tell (not Linux).
+    pub cpu: Option<f64>,
 }
 
 impl Snapshot {
@@ -41,6 +44,7 @@ impl Snapshot {
             polls: self.polls - earlier.polls,
             takeovers: self.takeovers - earlier.takeovers,
             sweeps: self.sweeps - earlier.sweeps,
+            cpu: self.cpu.zip(earlier.cpu).map(|(a, b)| a - b),
         }
     }
 
@@ -57,6 +61,7 @@ impl Snapshot {
         self.polls += other.polls;
         self.takeovers += other.takeovers;
         self.sweeps += other.sweeps;
+        self.cpu = self.cpu.zip(other.cpu).map(|(a, b)| a + b);
     }
 }
 
@@ -103,6 +108,26 @@ fn parse_metrics(text: &str) -> Snapshot {
         }
     }
     s
+}
+
+/// CPU seconds (user + system) process `pid` has used, from `/proc/{pid}/stat`
+/// (`"self"` for this process).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_of_stat(&stat)
+}
+
+/// utime + stime of a `/proc/PID/stat` line, in seconds. The fields after the command
+/// name (which may hold spaces, so the split is after its closing parenthesis) start
+/// at the state, field 3; utime and stime are fields 14 and 15, in USER_HZ ticks,
+/// which Linux fixes at 100 per second for `/proc`.
+fn cpu_of_stat(stat: &str) -> Option<f64> {
+    const USER_HZ: f64 = 100.0;
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: f64 = fields.next()?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) / USER_HZ)
 }
 
 /// The servers under test.
@@ -190,10 +215,15 @@ impl Servers {
     /// Storage requests and commits so far, summed over every server.
     pub async fn snapshot(&self) -> Result<Snapshot, String> {
         if let Some((broker, _)) = &self.local {
-            return Ok(parse_metrics(&broker.metrics_text()));
+            let mut s = parse_metrics(&broker.metrics_text());
+            s.cpu = cpu_seconds("self");
+            return Ok(s);
         }
-        let mut total = Snapshot::default();
-        for b in &self.bases {
+        let mut total = Snapshot {
+            cpu: Some(0.0),
+            ..Snapshot::default()
+        };
+        for (b, child) in self.bases.iter().zip(&self.children) {
             let mut req = self.http.get(format!("{b}/metrics"));
             if let Some((u, p)) = &self.auth {
                 req = req.basic_auth(u, Some(p));
@@ -205,7 +235,9 @@ impl Servers {
                 .text()
                 .await
                 .map_err(|e| e.to_string())?;
-            total.add(&parse_metrics(&text));
+            let mut s = parse_metrics(&text);
+            s.cpu = child.id().and_then(|pid| cpu_seconds(&pid.to_string()));
+            total.add(&s);
         }
         Ok(total)
     }
@@ -235,5 +267,14 @@ mod tests {
         assert_eq!(s.counts.of("get", "ok"), 7);
         assert_eq!(s.counts.failed_puts(), 3);
         assert_eq!((s.commits, s.committed_ops), (5.0, 12.0));
+    }
+
+    #[test]
+    fn cpu_is_read_after_the_command_name() {
+        // A command name with spaces and a parenthesis; utime 250, stime 50 ticks.
+        let stat = "4242 (narad (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 8 0 100";
+        assert_eq!(cpu_of_stat(stat), Some(3.0));
+        assert_eq!(cpu_of_stat("garbage"), None);
+        assert!(cpu_seconds("self").is_some_and(|c| c >= 0.0) || !cfg!(target_os = "linux"));
     }
 }

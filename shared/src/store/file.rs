@@ -1,13 +1,21 @@
 //! The embedded [`Store`]: one directory on the local file system.
 //!
 //! Each key is a file below the root (`topics/t/0/manifest.json` is
-//! `ROOT/topics/t/0/manifest.json`). Writes go to a temporary file under
-//! `ROOT/.tmp/`, are flushed with `fsync`, and are renamed into place, so a reader sees
-//! either the old or the new content, never a torn file.
+//! `ROOT/topics/t/0/manifest.json`). A write goes to a temporary file beside its key
+//! (`.tmp-UUID` in the key's directory), is flushed with `fsync`, and is renamed into
+//! place, so a reader sees either the old or the new content, never a torn file.
+//! Temporary files beside their keys spread the file system's inode allocation over the
+//! directories' block groups, and the rename never leaves a directory.
 //!
-//! Conditional writes hold an exclusive `flock` on `ROOT/.lock` while they check and
-//! rename, so the compare-and-swap is safe between tasks of one process and between
-//! processes that share the directory (on one machine; not over NFS). Reads take no lock.
+//! A conditional write holds an exclusive `flock` on its key's lock stripe
+//! (`ROOT/.tmp/lock-NN`, one of [`STRIPES`] by a hash of the key) while it checks and
+//! renames, so the compare-and-swap is safe between tasks of one process and between
+//! processes that share the directory (on one machine; not over NFS), and writes to
+//! independent keys (partitions) run side by side. Their data is written and flushed
+//! before the lock is taken, so the lock covers the check, the rename and the directory's
+//! `fsync`, and concurrent `fsync`s are grouped by the file system. Every writer also
+//! holds `ROOT/.lock` shared: builds before stripes took it exclusively, so a process of
+//! such a build still excludes every writer while it writes. Reads take no lock.
 //!
 //! ETags are content hashes (like S3's MD5 ETags): equal bytes give equal ETags.
 //!
@@ -16,9 +24,10 @@
 //! a store makes its root 0700 (which also closes off files an older version left 0644).
 
 use std::fs::{self, File, OpenOptions};
+use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -27,11 +36,19 @@ use super::{content_etag, ETag, Failure, Listed, Object, Store, StoreError, Stor
 
 const LOCK_FILE: &str = ".lock";
 const TMP_DIR: &str = ".tmp";
+/// A temporary file's name starts with this (reserved: no key component may).
+const TMP_PREFIX: &str = ".tmp-";
+/// Lock stripes: two keys share one with probability 1/64.
+pub const STRIPES: usize = 64;
+/// Attempts at placing a temporary file, when a delete removes its emptied directory
+/// between the directory's creation and the file's.
+const PLACE_ATTEMPTS: usize = 8;
 
 /// A store rooted at one directory.
 #[derive(Debug, Clone)]
 pub struct FileStore {
     root: Arc<PathBuf>,
+    locks: Arc<Locks>,
 }
 
 impl FileStore {
@@ -41,15 +58,10 @@ impl FileStore {
     pub async fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
         let root = path.as_ref().to_path_buf();
         let r = root.clone();
-        blocking(move || {
+        let locks = blocking(move || {
             create_dirs(&r.join(TMP_DIR))?;
             private(&r)?;
-            private_file()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(r.join(LOCK_FILE))?;
-            Ok(())
+            Locks::open(&r)
         })
         .await
         .map_err(|e| {
@@ -58,6 +70,7 @@ impl FileStore {
         })?;
         Ok(Self {
             root: Arc::new(root),
+            locks: Arc::new(locks),
         })
     }
 
@@ -75,22 +88,32 @@ impl FileStore {
 
     async fn conditional_put(&self, key: &str, data: Bytes, cond: Condition) -> StoreResult<ETag> {
         let path = self.path_of(key)?;
-        let root = self.root.clone();
+        let (root, locks, key) = (self.root.clone(), self.locks.clone(), key.to_owned());
         blocking(move || {
-            let _guard = LockGuard::acquire(&root)?;
-            let current = read_opt(&path)?;
-            match (&cond, current) {
-                (Condition::Absent, Some(_)) => return Ok(Err(StoreError::Conflict)),
-                (Condition::Absent, None) => {}
-                (Condition::Match(_), None) => return Ok(Err(StoreError::NotFound)),
-                (Condition::Match(want), Some(cur)) => {
-                    if content_etag(&cur) != *want {
-                        return Ok(Err(StoreError::Conflict));
+            let tmp = write_tmp(&root, &path, &data)?;
+            let put = (|| {
+                let _lock = locks.key(&key)?;
+                let current = read_opt(&path)?;
+                match (&cond, current) {
+                    (Condition::Absent, Some(_)) => return Ok(Err(StoreError::Conflict)),
+                    (Condition::Absent, None) => {}
+                    (Condition::Match(_), None) => return Ok(Err(StoreError::NotFound)),
+                    (Condition::Match(want), Some(cur)) => {
+                        if content_etag(&cur) != *want {
+                            return Ok(Err(StoreError::Conflict));
+                        }
                     }
                 }
+                fs::rename(&tmp, &path)?;
+                if let Some(dir) = path.parent() {
+                    sync_dir(dir);
+                }
+                Ok(Ok(content_etag(&data)))
+            })();
+            if !matches!(put, Ok(Ok(_))) {
+                let _ = fs::remove_file(&tmp);
             }
-            write_atomic(&root, &path, &data)?;
-            Ok(Ok(content_etag(&data)))
+            put
         })
         .await
         .map_err(io_err)?
@@ -102,24 +125,66 @@ enum Condition {
     Match(ETag),
 }
 
-/// Holds the store-wide exclusive lock until dropped.
-struct LockGuard(File);
+/// The store's locks: `ROOT/.lock`, held shared by every write of this build (and
+/// exclusively by builds before stripes), and the stripes, each an in-process mutex over
+/// an open lock file that is `flock`ed exclusively under it (two threads must not share
+/// one open file's `flock`, which is the open file's and not the thread's).
+#[derive(Debug)]
+struct Locks {
+    store: PathBuf,
+    stripes: Vec<Mutex<File>>,
+}
 
-impl LockGuard {
-    fn acquire(root: &Path) -> io::Result<Self> {
-        let f = private_file()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(root.join(LOCK_FILE))?;
-        f.lock()?;
-        Ok(Self(f))
+impl Locks {
+    fn open(root: &Path) -> io::Result<Self> {
+        let store = root.join(LOCK_FILE);
+        lock_file(&store)?;
+        let stripes = (0..STRIPES)
+            .map(|i| lock_file(&root.join(TMP_DIR).join(format!("lock-{i:02}"))).map(Mutex::new))
+            .collect::<io::Result<_>>()?;
+        Ok(Self { store, stripes })
+    }
+
+    /// Holds `key`'s stripe, and the store lock shared, until dropped.
+    fn key(&self, key: &str) -> io::Result<KeyLock<'_>> {
+        let store = lock_file(&self.store)?;
+        store.lock_shared()?;
+        let stripe = self.stripes[stripe_of(key)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        stripe.lock()?;
+        Ok(KeyLock {
+            stripe,
+            _store: store,
+        })
     }
 }
 
-impl Drop for LockGuard {
+/// Which of the [`STRIPES`] guards `key`.
+fn stripe_of(key: &str) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % STRIPES as u64) as usize
+}
+
+fn lock_file(path: &Path) -> io::Result<File> {
+    private_file()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+}
+
+/// A key's stripe and the shared store lock; the stripe is released first, and the
+/// store lock when its file closes.
+struct KeyLock<'a> {
+    stripe: MutexGuard<'a, File>,
+    _store: File,
+}
+
+impl Drop for KeyLock<'_> {
     fn drop(&mut self) {
-        let _ = self.0.unlock();
+        let _ = self.stripe.unlock();
     }
 }
 
@@ -132,26 +197,37 @@ fn read_opt(path: &Path) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-fn write_atomic(root: &Path, path: &Path, data: &[u8]) -> io::Result<()> {
-    let tmp = root.join(TMP_DIR).join(uuid::Uuid::new_v4().to_string());
-    let mut f = private_file()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
-    f.write_all(data)?;
-    f.sync_data()?;
-    drop(f);
+/// Writes `data` to a new temporary file in `path`'s directory (created if needed) and
+/// flushes it; the caller renames it into place or removes it.
+fn write_tmp(root: &Path, path: &Path, data: &[u8]) -> io::Result<PathBuf> {
     let parent = path.parent().unwrap_or(root);
-    create_dirs(parent)?;
-    if let Err(e) = fs::rename(&tmp, path) {
+    let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4()));
+    let mut attempt = 0;
+    let mut f = loop {
+        create_dirs(parent)?;
+        match private_file().write(true).create_new(true).open(&tmp) {
+            Ok(f) => break f,
+            // A delete tidied the emptied directory away in between: make it again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && attempt + 1 < PLACE_ATTEMPTS => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let written = f.write_all(data).and_then(|()| f.sync_data());
+    if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    if let Ok(dir) = File::open(parent) {
-        let _ = dir.sync_all();
+    Ok(tmp)
+}
+
+/// Flushes a directory's entries (a rename into it); best effort, as not every file
+/// system lets a directory be opened for it.
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
     }
-    Ok(())
 }
 
 /// Open options for a file only its owner may read or write.
@@ -199,7 +275,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> io::Result<()> {
         let entry = entry?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with(".tmp") || name == LOCK_FILE {
+        if reserved(&name) {
             continue;
         }
         let path = entry.path();
@@ -239,12 +315,17 @@ fn entries_of(
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let reserved = name.starts_with(".tmp") || name == LOCK_FILE;
-        if !reserved && keep(&entry)? {
+        if !reserved(&name) && keep(&entry)? {
             names.push(name);
         }
     }
     Ok(names)
+}
+
+/// Whether a directory entry is the store's own (a temporary file, the lock or the
+/// locks' directory) rather than a key's.
+fn reserved(name: &str) -> bool {
+    name.starts_with(".tmp") || name == LOCK_FILE
 }
 
 fn io_err(e: io::Error) -> StoreError {
@@ -276,15 +357,19 @@ impl Store for FileStore {
 
     async fn delete(&self, key: &str) -> StoreResult<()> {
         let path = self.path_of(key)?;
-        let root = self.root.clone();
+        let (root, locks, key) = (self.root.clone(), self.locks.clone(), key.to_owned());
         blocking(move || {
-            let _guard = LockGuard::acquire(&root)?;
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(e),
+            {
+                let _lock = locks.key(&key)?;
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(e),
+                }
             }
             // Tidy now-empty directories up to the root; a non-empty one stops the walk.
+            // A writer's temporary file keeps its directory; one that finds its directory
+            // gone before its file is made makes it again (`write_tmp`).
             let mut dir = path.parent();
             while let Some(d) = dir {
                 if d == root.as_path() || fs::remove_dir(d).is_err() {
@@ -368,6 +453,9 @@ impl Store for FileStore {
 fn has_file(dir: &Path) -> io::Result<bool> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
+        if reserved(&entry.file_name().to_string_lossy()) {
+            continue;
+        }
         if !entry.file_type()?.is_dir() || has_file(&entry.path())? {
             return Ok(true);
         }
@@ -404,6 +492,83 @@ mod tests {
             .put_if_match("k", bytes::Bytes::from_static(b"3"), &e)
             .await;
         assert!(matches!(r, Err(StoreError::Conflict)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_build_holding_the_store_lock_keeps_every_writer_out() {
+        // Builds before lock stripes take ROOT/.lock exclusively for each write.
+        use crate::store::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let s = super::FileStore::open(dir.path()).await.unwrap();
+        let old = std::fs::File::open(dir.path().join(".lock")).unwrap();
+        old.lock().unwrap();
+        let put = tokio::spawn({
+            let s = s.clone();
+            async move {
+                s.put_if_absent("a/k", bytes::Bytes::from_static(b"1"))
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(
+            !put.is_finished(),
+            "a write went ahead under an old build's lock"
+        );
+        old.unlock().unwrap();
+        put.await.unwrap().unwrap();
+        assert!(s.get("a/k").await.unwrap().is_some());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn writes_beside_deletes_in_one_directory_never_fail() {
+        // A delete removes its emptied directory; a write into it at the same moment
+        // makes it again instead of failing.
+        use crate::store::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let s = super::FileStore::open(dir.path()).await.unwrap();
+        let mut tasks = Vec::new();
+        for w in 0..4 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..300 {
+                    let key = format!("d/e/k{w}-{i}");
+                    s.put_if_absent(&key, bytes::Bytes::from_static(b"x"))
+                        .await
+                        .unwrap();
+                    s.delete(&key).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(s.list("d/").await.unwrap().is_empty());
+        assert!(s.list_dirs("", "", 10).await.unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn leftover_temporary_files_are_no_keys() {
+        // A writer that died between its temporary file and the rename leaves the file.
+        use crate::store::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let s = super::FileStore::open(dir.path()).await.unwrap();
+        std::fs::create_dir_all(dir.path().join("t/0")).unwrap();
+        std::fs::write(dir.path().join("t/0/.tmp-dead"), b"x").unwrap();
+        assert!(s.list("t/").await.unwrap().is_empty());
+        assert!(s.list_files("t/0/").await.unwrap().is_empty());
+        assert!(s.list_dirs("", "", 10).await.unwrap().is_empty());
+        s.put_if_absent("t/0/m", bytes::Bytes::from_static(b"1"))
+            .await
+            .unwrap();
+        assert_eq!(s.list("t/").await.unwrap(), vec!["t/0/m".to_owned()]);
+    }
+
+    #[test]
+    fn keys_spread_over_the_stripes() {
+        let used: std::collections::HashSet<usize> = (0..64)
+            .map(|p| super::stripe_of(&format!("topics/t/{p}/manifest.json")))
+            .collect();
+        assert!(used.len() > 32, "{} stripes for 64 partitions", used.len());
     }
 
     #[tokio::test]
