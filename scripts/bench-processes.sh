@@ -19,8 +19,8 @@ for c in 1 4; do
         # A run with failed requests still prints its figures (and says so on stderr).
         out="$("$bin" bench --store "$store" --messages "$messages" --processes "$k" --connections "$c" --cas-ops 50 || true)"
         cas=$(sed -nE 's/^store serial CAS rate: ([0-9.]+).*/\1/p' <<<"$out")
-        # phase msgs/s xCAS p50 p99 GET/msg PUT/msg 412/msg req/msg errors $/M LIST/msg ops/commit
-        read -r _ pr px _ _ _ _ pf pq _ _ _ po <<<"$(grep '^produce ' <<<"$out")"
+        # phase msgs/s xCAS p50 p99 GET/msg PUT/msg 412/msg req/msg errors $/M LIST/msg ops/commit CPU
+        read -r _ pr px _ _ _ _ pf pq _ _ _ po _ <<<"$(grep '^produce ' <<<"$out")"
         read -r _ cr cx _ _ _ _ cf cq _ _ _ _ <<<"$(grep '^consume+ack ' <<<"$out")"
         echo "| $k x $c | $cas | $pr | $px | $pf | $pq | $po | $cr | $cx | $cf | $cq |"
     done

@@ -364,10 +364,11 @@ pub async fn open_with_latency(url: &str, latency: std::time::Duration) -> Store
 /// it is equal for equal bytes.
 pub(crate) fn content_etag(data: &[u8]) -> ETag {
     use sha2::{Digest, Sha256};
+    use std::fmt::Write;
     let digest = Sha256::digest(data);
     let mut out = String::with_capacity(32);
     for b in &digest[..16] {
-        out.push_str(&format!("{b:02x}"));
+        let _ = write!(out, "{b:02x}");
     }
     ETag(out)
 }
