@@ -204,11 +204,19 @@ fn write_tmp(root: &Path, path: &Path, data: &[u8]) -> io::Result<PathBuf> {
     let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4()));
     let mut attempt = 0;
     let mut f = loop {
-        create_dirs(parent)?;
-        match private_file().write(true).create_new(true).open(&tmp) {
+        let placed = create_dirs(parent)
+            .and_then(|()| private_file().write(true).create_new(true).open(&tmp));
+        match placed {
             Ok(f) => break f,
-            // A delete tidied the emptied directory away in between: make it again.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && attempt + 1 < PLACE_ATTEMPTS => {
+            // A delete tidied the emptied directory away in between: make it again. (The
+            // standard library's recursive create answers "exists" when another writer
+            // made the directory and a delete removed it before it could check.)
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::AlreadyExists
+                ) && attempt + 1 < PLACE_ATTEMPTS =>
+            {
                 attempt += 1;
             }
             Err(e) => return Err(e),
