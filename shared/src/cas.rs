@@ -379,6 +379,23 @@ impl<'a, S: Stored> Cell<'a, S> {
         cache: &mut Option<Snapshot<S>>,
         change: &mut C,
     ) -> Result<(C::Output, Snapshot<S>), CasError<C::Error>> {
+        let value = self.update_in(cache, change).await?;
+        match cache {
+            Some(snap) => Ok((value, snap.clone())),
+            None => Err(CasError::Contention),
+        }
+    }
+
+    /// As [`Cell::update_cached`], leaving the state written (or read, for `Keep`) in
+    /// `cache` only, where it always is after `Ok`: a caller that borrows it from there
+    /// saves a copy of the whole state per commit.
+    ///
+    /// Errors: see [`Cell::update_cached`].
+    pub async fn update_in<C: Change<S>>(
+        &self,
+        cache: &mut Option<Snapshot<S>>,
+        change: &mut C,
+    ) -> Result<C::Output, CasError<C::Error>> {
         let (mut snap, mut fresh) = match cache.take() {
             Some(s) => (s, false),
             None => (self.read().await?, true),
@@ -395,15 +412,15 @@ impl<'a, S: Stored> Cell<'a, S> {
                             continue;
                         }
                     }
-                    *cache = Some(snap.clone());
-                    return Ok((v, snap));
+                    *cache = Some(snap);
+                    return Ok(v);
                 }
                 Decision::Commit(v) => v,
             };
             match self.write(&snap, next).await? {
                 Written::Landed(s) => {
-                    *cache = Some(s.clone());
-                    return Ok((value, s));
+                    *cache = Some(s);
+                    return Ok(value);
                 }
                 Written::Lost(current) => {
                     // A stale cache is expected to miss once: re-read at once. Real races back

@@ -169,9 +169,18 @@ impl Change<Manifest> for BatchCommit<'_> {
         // are what makes a manifest grow, and a batch of settles or leases may well write
         // nothing.
         if !self.batch.produces.is_empty() || !self.landing.foreign().is_empty() {
-            let mut after = state.clone();
-            after.apply_retention(self.now, self.batch.rules.retention_ms);
-            self.upkeeper.prepare(c, q, &after).await;
+            let retention = self.batch.rules.retention_ms;
+            let retained;
+            let after = match state.retention_drops(self.now, retention) {
+                false => state,
+                true => {
+                    let mut m = state.clone();
+                    m.apply_retention(self.now, retention);
+                    retained = m;
+                    &retained
+                }
+            };
+            self.upkeeper.prepare(c, q, after).await;
         }
         if self.batch.leases.iter().any(|op| op.rules.ordered)
             || (self.batch.rules.ordered && self.landing.leases())
@@ -330,12 +339,12 @@ impl Committer {
             _ => None,
         };
         let write = async {
-            let mut result = cell.update_cached(&mut cache, &mut change).await;
+            let mut result = cell.update_in(&mut cache, &mut change).await;
             if matches!(&result, Err(e) if damaged(e))
                 && self.self_repair(q, &change.batch.rules).await
             {
                 cache = None;
-                result = cell.update_cached(&mut cache, &mut change).await;
+                result = cell.update_in(&mut cache, &mut change).await;
             }
             result
         };
@@ -352,6 +361,12 @@ impl Committer {
         };
         lock(&q.state).role.committed(attempts, Instant::now());
         tracing::Span::current().record("attempts", change.attempts);
+        // After `Ok` the state written (or read) is in `cache`, and only there.
+        let result = match (result, cache.as_ref()) {
+            (Ok(applied), Some(snap)) => Ok((applied, snap)),
+            (Ok(_), None) => Err(crate::cas::CasError::Contention),
+            (Err(e), _) => Err(e),
+        };
         let frontier = result.as_ref().ok().map(|(_, snap)| snap.value.frontier);
         ordering::keep_keys(q, std::mem::take(&mut change.keys), frontier);
         match result {

@@ -386,6 +386,19 @@ impl Manifest {
         self.apply_retention(u64::MAX, 0)
     }
 
+    /// Whether [`Manifest::apply_retention`] would drop anything (without the copy a
+    /// trial run on a clone costs).
+    pub fn retention_drops(&self, now_ms: u64, retention_ms: u64) -> bool {
+        let cutoff = now_ms.saturating_sub(retention_ms);
+        match self.indexes.first() {
+            Some(oldest) => oldest.last_produced_ms < cutoff,
+            None => self
+                .segments
+                .first()
+                .is_some_and(|s| s.last_produced_ms < cutoff),
+        }
+    }
+
     /// Drops the oldest indexes and segments whose newest message is older than
     /// `retention_ms` at `now_ms` (a prefix: everything before the first one still
     /// retained), with every lease and ack below the new start. Returns what was dropped;
@@ -682,6 +695,32 @@ mod tests {
         assert!(m.acked_ahead.is_empty());
         m.apply_retention(5000, 1000);
         assert_eq!((m.start_offset, m.frontier, m.next_offset), (5, 5, 5));
+    }
+
+    #[test]
+    fn retention_drops_says_whether_retention_would_drop_anything() {
+        let segs = || {
+            vec![
+                seg("a", 0, 2, 100),
+                seg("b", 2, 2, 200),
+                seg("c", 4, 1, 300),
+            ]
+        };
+        let mut hot = Manifest::empty("i");
+        hot.segments = segs();
+        hot.next_offset = 5;
+        // The same messages, the first two segments folded into an index object.
+        let mut folded = hot.clone();
+        folded.indexes = vec![super::index::ref_for_segments("x".into(), &segs()[..2])];
+        folded.segments.drain(..2);
+        for m in [hot, folded, Manifest::empty("i")] {
+            for now in (0..1500).step_by(25) {
+                let mut after = m.clone();
+                let dropped = after.apply_retention(now, 1000);
+                let any = !dropped.segments.is_empty() || !dropped.indexes.is_empty();
+                assert_eq!(m.retention_drops(now, 1000), any, "at {now}: {m:?}");
+            }
+        }
     }
 
     fn bump(m: &mut Manifest) -> Result<Decision<()>, ()> {
