@@ -314,7 +314,7 @@ impl Committer {
         messages: Vec<NewStored>,
     ) -> BrokerResult<Vec<u64>> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, Op::Produce(messages, tx));
+        self.enqueue(topic, partition, [Op::Produce(messages, tx)]);
         answer(rx).await
     }
 
@@ -329,8 +329,48 @@ impl Committer {
         (max, max_bytes): (usize, u64),
     ) -> BrokerResult<LeaseAnswer> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, Op::Lease(max, max_bytes, tx));
+        self.enqueue(topic, partition, [Op::Lease(max, max_bytes, tx)]);
         answer(rx).await
+    }
+
+    /// Settles `settles` (offset, lease id, action) and then leases up to `max` messages
+    /// of about `max_bytes`, queued together so that they share a batch: the settles are
+    /// applied first (an ack frees its place in flight for the lease), and they commit
+    /// in the lease's commit (when another process commits the partition, their intents
+    /// land in its commits). Answers the lease and each settle's result, in order; the
+    /// lease is answered when the settles are.
+    ///
+    /// Errors: as [`Committer::lease`] and [`Committer::settle`], each its own.
+    pub async fn lease_settling(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+        (max, max_bytes): (usize, u64),
+        settles: &[(u64, u64, Settle)],
+    ) -> (BrokerResult<LeaseAnswer>, Vec<BrokerResult<()>>) {
+        let rules = Rules::from(&topic.settings);
+        let mut ops = Vec::with_capacity(settles.len() + 1);
+        let mut settled = Vec::with_capacity(settles.len());
+        for &(offset, lease_id, action) in settles {
+            let (tx, rx) = oneshot::channel();
+            let op = SettleOp {
+                offset,
+                lease_id,
+                action,
+                rules,
+            };
+            ops.push(Op::Settle(op, tx));
+            settled.push(rx);
+        }
+        let (tx, leased) = oneshot::channel();
+        ops.push(Op::Lease(max, max_bytes, tx));
+        self.enqueue(topic, partition, ops);
+        let leased = answer(leased).await;
+        let mut results = Vec::with_capacity(settled.len());
+        for rx in settled {
+            results.push(answer(rx).await);
+        }
+        (leased, results)
     }
 
     /// Acks, extends or nacks the lease `lease_id` on `offset`.
@@ -352,7 +392,7 @@ impl Committer {
             action,
             rules: Rules::from(&topic.settings),
         };
-        self.enqueue(topic, partition, Op::Settle(op, tx));
+        self.enqueue(topic, partition, [Op::Settle(op, tx)]);
         answer(rx).await
     }
 
@@ -367,7 +407,7 @@ impl Committer {
         swaps: Vec<Swap>,
     ) -> BrokerResult<u64> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, Op::Compact(swaps, tx));
+        self.enqueue(topic, partition, [Op::Compact(swaps, tx)]);
         answer(rx).await
     }
 
@@ -405,7 +445,7 @@ impl Committer {
     /// Errors: as [`Committer::produce`].
     pub async fn purge(self: &Arc<Self>, topic: &Topic, partition: u32) -> BrokerResult<u64> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, Op::Purge(tx));
+        self.enqueue(topic, partition, [Op::Purge(tx)]);
         answer(rx).await
     }
 
@@ -448,7 +488,10 @@ impl Committer {
     }
 
     /// Queues `op` and makes sure a task is draining the queue.
-    fn enqueue(self: &Arc<Self>, topic: &Topic, partition: u32, op: Op) {
+    /// Queues `ops` on the partition's queue, one after another with nothing between
+    /// them (a run of settles and leases, which carry no payload, is never split into
+    /// two batches: [`batch_len`]), and starts its drain task if none runs.
+    fn enqueue(self: &Arc<Self>, topic: &Topic, partition: u32, ops: impl IntoIterator<Item = Op>) {
         let queue = lock(&self.queues)
             .entry((topic.name.clone(), topic.incarnation.clone(), partition))
             .or_insert_with(|| {
@@ -465,15 +508,17 @@ impl Committer {
             .clone();
         let start = {
             let mut st = lock(&queue.state);
-            st.pending.push(Pending {
-                op,
-                rules: Rules::from(&topic.settings),
-                topic: TopicSeen {
-                    etag: topic.etag.clone(),
-                    fresh: !topic.from_cache,
-                },
-                span: tracing::Span::current(),
-            });
+            for op in ops {
+                st.pending.push(Pending {
+                    op,
+                    rules: Rules::from(&topic.settings),
+                    topic: TopicSeen {
+                        etag: topic.etag.clone(),
+                        fresh: !topic.from_cache,
+                    },
+                    span: tracing::Span::current(),
+                });
+            }
             !std::mem::replace(&mut st.running, true)
         };
         if start {

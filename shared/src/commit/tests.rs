@@ -318,3 +318,35 @@ async fn a_listing_made_ahead_lands_only_what_is_still_pending_and_only_while_fr
         "an old one is listed again instead"
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn settles_queued_with_a_lease_commit_with_it_and_free_its_place() {
+    let mut w = world().await;
+    w.topic.settings.max_in_flight_per_partition = 1;
+    let c = process(&w, w.store.clone());
+    for _ in 0..3 {
+        c.produce(&w.topic, 0, message(&w)).await.unwrap();
+    }
+    let first = c.lease(&w.topic, 0, (1, u64::MAX)).await.unwrap();
+    let g = first.leased.grants[0].clone();
+    // In flight is full: a lease alone gets nothing.
+    let none = c.lease(&w.topic, 0, (1, u64::MAX)).await.unwrap();
+    assert!(none.leased.grants.is_empty());
+
+    let commits = c.stats.commits.load(Ordering::Relaxed);
+    let stale = (g.offset, g.lease_id + 1, Settle::Ack);
+    let ack = (g.offset, g.lease_id, Settle::Ack);
+    let (leased, settled) = c
+        .lease_settling(&w.topic, 0, (1, u64::MAX), &[stale, ack])
+        .await;
+    assert!(matches!(settled[0], Err(BrokerError::LeaseGone)));
+    assert!(settled[1].is_ok());
+    // The ack freed the one place in flight for the lease, in one commit.
+    let leased = leased.unwrap();
+    assert_eq!(leased.leased.grants.len(), 1);
+    assert_eq!(leased.leased.grants[0].offset, g.offset + 1);
+    assert_eq!(c.stats.commits.load(Ordering::Relaxed), commits + 1);
+    let m = manifest(&w).await;
+    assert_eq!(m.frontier, g.offset + 1);
+    assert!(m.leases.contains_key(&(g.offset + 1)));
+}
