@@ -318,6 +318,19 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             );
         }
     }
+    if !cfg.store_latency.is_zero() {
+        // Every storage request waits the delay, so a request's latency over the delay
+        // counts the round trips it made one after another (plus its CPU and any queueing).
+        let delay = cfg.store_latency.as_secs_f64() * 1000.0;
+        for p in &phases {
+            println!(
+                "{}: p50 {:.1} ms = {:.2} sequential store round trips of {delay:.0} ms",
+                p.name,
+                percentile_ms(&p.latencies, 0.5),
+                percentile_ms(&p.latencies, 0.5) / delay
+            );
+        }
+    }
     if args.processes == 0 {
         println!("CPU us/msg: this process's CPU (server and clients) per message; with --processes, the servers' alone");
     } else {
@@ -351,16 +364,19 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn print_phase(p: &Phase, cas_rate: f64) {
-    let mut l = p.latencies.clone();
+/// The `q` quantile of `latencies`, in milliseconds (0 when there are none).
+fn percentile_ms(latencies: &[Duration], q: f64) -> f64 {
+    let mut l = latencies.to_vec();
     l.sort();
-    let pct = |q: f64| -> f64 {
-        if l.is_empty() {
-            return 0.0;
-        }
-        let i = ((l.len() as f64 * q).ceil() as usize).clamp(1, l.len()) - 1;
-        l[i].as_secs_f64() * 1000.0
-    };
+    if l.is_empty() {
+        return 0.0;
+    }
+    let i = ((l.len() as f64 * q).ceil() as usize).clamp(1, l.len()) - 1;
+    l[i].as_secs_f64() * 1000.0
+}
+
+fn print_phase(p: &Phase, cas_rate: f64) {
+    let pct = |q: f64| percentile_ms(&p.latencies, q);
     let rate = p.messages as f64 / p.elapsed.as_secs_f64().max(1e-9);
     let n = p.messages.max(1) as f64;
     let dollars = ((p.counts.puts() + p.counts.op("list")) as f64 * PUT_PRICE
