@@ -487,7 +487,6 @@ impl Committer {
         out
     }
 
-    /// Queues `op` and makes sure a task is draining the queue.
     /// Queues `ops` on the partition's queue, one after another with nothing between
     /// them (a run of settles and leases, which carry no payload, is never split into
     /// two batches: [`batch_len`]), and starts its drain task if none runs.

@@ -4,8 +4,8 @@
 //! `ROOT/topics/t/0/manifest.json`). A write goes to a temporary file beside its key
 //! (`.tmp-UUID` in the key's directory), is flushed with `fsync`, and is renamed into
 //! place, so a reader sees either the old or the new content, never a torn file.
-//! Temporary files beside their keys spread the file system's inode allocation over the
-//! directories' block groups, and the rename never leaves a directory.
+//! The rename never leaves its directory, and a directory that holds a writer's temporary
+//! file is never tidied away under it.
 //!
 //! A conditional write holds an exclusive `flock` on its key's lock stripe
 //! (`ROOT/.tmp/lock-NN`, one of [`STRIPES`] by a hash of the key) while it checks and
@@ -77,9 +77,9 @@ impl FileStore {
     fn path_of(&self, key: &str) -> StoreResult<PathBuf> {
         let valid = !key.is_empty()
             && !key.starts_with('/')
-            && key.split('/').all(|c| {
-                !c.is_empty() && c != "." && c != ".." && !c.starts_with(".tmp") && c != LOCK_FILE
-            });
+            && key
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".." && !reserved(c));
         if !valid {
             return Err(StoreError::other(format!("invalid key {key:?}")));
         }
@@ -91,6 +91,7 @@ impl FileStore {
         let (root, locks, key) = (self.root.clone(), self.locks.clone(), key.to_owned());
         blocking(move || {
             let tmp = write_tmp(&root, &path, &data)?;
+            let etag = content_etag(&data);
             let put = (|| {
                 let _lock = locks.key(&key)?;
                 let current = read_opt(&path)?;
@@ -108,7 +109,7 @@ impl FileStore {
                 if let Some(dir) = path.parent() {
                     sync_dir(dir);
                 }
-                Ok(Ok(content_etag(&data)))
+                Ok(Ok(etag))
             })();
             if !matches!(put, Ok(Ok(_))) {
                 let _ = fs::remove_file(&tmp);
