@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::long_poll::{Gauge, Waiting};
 use super::watch::{Seen, View, Watch};
 use super::{check_partition, Broker};
-use crate::commit::Peek;
+use crate::commit::{LeaseAnswer, Peek};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::{Grant, Layout, Settle};
@@ -252,29 +252,45 @@ impl Broker {
                 .committer
                 .lease(topic, p, (max - out.len(), room))
                 .await?;
-            self.changed(topic, p);
-            for g in answer.leased.dead {
-                self.dead_letter(topic, p, &answer.layout, g).await;
-            }
-            let grants = answer.leased.grants;
-            let delivered = self
-                .deliver(topic, p, &answer.layout, &grants, !answer.shared)
+            self.take_leased(topic, p, answer, &mut out, &mut used)
                 .await?;
-            for (d, g) in delivered {
-                let bound = rendered_bound(&d);
-                if out.is_empty() || used + bound <= MAX_CONSUME_RESPONSE_BYTES {
-                    used += bound;
-                    out.push(d);
-                } else {
-                    // No room: give it back as if never leased (it lapses if this fails).
-                    let _ = self
-                        .committer
-                        .settle(topic, p, g.offset, g.lease_id, Settle::Release)
-                        .await;
-                }
-            }
         }
         Ok((out, lapse))
+    }
+
+    /// Hands a lease answer's messages to the consumer: dead-letters those parked for it,
+    /// reads and signs the rest into `out`, and releases any that would take the response
+    /// past [`MAX_CONSUME_RESPONSE_BYTES`] (`used` counts its bytes so far).
+    pub(super) async fn take_leased(
+        &self,
+        topic: &Topic,
+        p: u32,
+        answer: LeaseAnswer,
+        out: &mut Vec<Delivery>,
+        used: &mut usize,
+    ) -> BrokerResult<()> {
+        self.changed(topic, p);
+        for g in answer.leased.dead {
+            self.dead_letter(topic, p, &answer.layout, g).await;
+        }
+        let grants = answer.leased.grants;
+        let delivered = self
+            .deliver(topic, p, &answer.layout, &grants, !answer.shared)
+            .await?;
+        for (d, g) in delivered {
+            let bound = rendered_bound(&d);
+            if out.is_empty() || *used + bound <= MAX_CONSUME_RESPONSE_BYTES {
+                *used += bound;
+                out.push(d);
+            } else {
+                // No room: give it back as if never leased (it lapses if this fails).
+                let _ = self
+                    .committer
+                    .settle(topic, p, g.offset, g.lease_id, Settle::Release)
+                    .await;
+            }
+        }
+        Ok(())
     }
 
     /// Reads the leased messages (and, with `read_ahead`, the segments after them) and

@@ -54,12 +54,15 @@ impl Broker {
         // A process stopped by a newer build checks no signature (its key may be a stand-in).
         self.gate().check()?;
         // Signatures first: a forged handle costs no storage call.
-        let claims: Vec<BrokerResult<Claims>> = entries
+        let claims: Vec<(BrokerResult<Claims>, Settle)> = entries
             .iter()
-            .map(|(h, _)| self.receipts.verify(h, name).map_err(BrokerError::from))
+            .map(|(h, action)| {
+                let c = self.receipts.verify(h, name).map_err(BrokerError::from);
+                (c, *action)
+            })
             .collect();
-        if claims.iter().all(|c| c.is_err()) {
-            return Ok(claims.into_iter().map(|c| c.map(|_| ())).collect());
+        if claims.iter().all(|(c, _)| c.is_err()) {
+            return Ok(claims.into_iter().map(|(c, _)| c.map(|_| ())).collect());
         }
         let claims = Arc::new(claims);
         let topic = match self.topics.recent(name, SETTLE_TOPIC_MAX_AGE) {
@@ -68,21 +71,25 @@ impl Broker {
         };
         self.with_loaded_topic(name, topic, |topic| {
             let claims = claims.clone();
-            async move { self.settle_on(&topic, entries, &claims).await }
+            async move { self.settle_on(&topic, &claims).await }
         })
         .await
     }
 
-    async fn settle_on(
+    /// Applies each verified handle's settle on its partition's committer (handles on
+    /// one partition share a commit); one result per entry, in order.
+    ///
+    /// Errors: [`BrokerError::StaleTopic`] when a handle names another incarnation or a
+    /// partition beyond a cached `topic` (reload and try again).
+    pub(super) async fn settle_on(
         &self,
         topic: &Topic,
-        entries: &[(String, Settle)],
-        claims: &[BrokerResult<Claims>],
+        claims: &[(BrokerResult<Claims>, Settle)],
     ) -> BrokerResult<Vec<BrokerResult<()>>> {
         let mut tasks = tokio::task::JoinSet::new();
-        let mut results: Vec<Option<BrokerResult<()>>> = vec![None; entries.len()];
+        let mut results: Vec<Option<BrokerResult<()>>> = vec![None; claims.len()];
         let tag = incarnation_tag(&topic.incarnation);
-        for (i, (c, (_, action))) in claims.iter().zip(entries).enumerate() {
+        for (i, (c, action)) in claims.iter().enumerate() {
             match c {
                 Err(e) => results[i] = Some(Err(e.clone())),
                 // Granted in another incarnation of the topic (deleted and created again).
@@ -116,7 +123,8 @@ impl Broker {
             }
             results[i] = Some(r);
         }
-        for c in claims.iter().flatten() {
+        for (c, _) in claims {
+            let Ok(c) = c else { continue };
             self.changed(topic, c.partition);
         }
         Ok(results

@@ -137,6 +137,28 @@ pub fn parse_ack_batch(body: &[u8]) -> Result<Vec<(String, Settle)>, ApiError> {
     Ok(entries)
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsumeAcks {
+    #[serde(default)]
+    ack: Vec<String>,
+}
+
+/// The handles a consume's body acks: `{"ack":["h1","h2"]}` (`{}` or an empty list acks
+/// none).
+///
+/// Errors: 400 for bad JSON, an unknown field or over [`MAX_BATCH_ENTRIES`] handles.
+pub fn parse_consume_acks(body: &[u8]) -> Result<Vec<String>, ApiError> {
+    let body: ConsumeAcks = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid consume body: {e}")))?;
+    if body.ack.len() > MAX_BATCH_ENTRIES {
+        return Err(ApiError::bad_request(format!(
+            "ack must hold at most {MAX_BATCH_ENTRIES} handles"
+        )));
+    }
+    Ok(body.ack)
+}
+
 /// The longest `extend=<duration>`: the longest visibility timeout a topic may have.
 pub const MAX_EXTEND: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
 

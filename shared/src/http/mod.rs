@@ -58,6 +58,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/produce"),
     ("POST", "/v1/topics/{topic}/produce-batch"),
     ("GET", "/v1/topics/{topic}/consume"),
+    ("POST", "/v1/topics/{topic}/consume"),
     ("POST", "/v1/topics/{topic}/ack"),
     ("POST", "/v1/topics/{topic}/purge"),
     ("POST", "/v1/topics/{topic}/redrive"),
@@ -99,7 +100,7 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
         )
         .route(
             "/v1/topics/{topic}/consume",
-            get(handlers::consume::consume),
+            get(handlers::consume::consume).post(handlers::consume::consume_acking),
         )
         .route("/v1/topics/{topic}/ack", post(handlers::ack::ack))
         .route("/v1/topics/{topic}/purge", post(handlers::topics::purge))

@@ -84,6 +84,13 @@ pub(super) struct MessageList {
     pub(super) messages: Vec<MessageView>,
 }
 
+/// A consume with piggybacked acks: `{"messages":[...],"acks":[...]}`.
+#[derive(Serialize)]
+pub(super) struct AckedMessages {
+    pub(super) messages: Vec<MessageView>,
+    pub(super) acks: Vec<EntryResult>,
+}
+
 /// An entry's error inside a batch result.
 #[derive(Serialize)]
 pub(super) struct EntryError {

@@ -3,17 +3,19 @@
 
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use crate::access::Action;
 use crate::http::auth::{allow, Caller};
-use crate::http::extract::{parse_wait, topic_name, Query};
-use crate::http::limits::MAX_CONSUME_BATCH;
-use crate::http::views::{MessageList, MessageView};
+use crate::http::batch_body::parse_consume_acks;
+use crate::http::extract::{parse_wait, read_body, topic_name, Query};
+use crate::http::limits::{MAX_BATCH_BODY, MAX_CONSUME_BATCH};
+use crate::http::views::{AckedMessages, EntryResult, MessageList, MessageView};
 use crate::http::{ApiError, AppState};
 
 /// Set to `true` on a 204 from a paused topic.
@@ -31,19 +33,8 @@ pub(in crate::http) async fn consume(
     let name = topic_name(path)?;
     allow(&caller, Action::Consume, &name)?;
     let q = Query::parse(raw, &["wait", "partition", "offset", "max"])?;
-    let wait = q
-        .get("wait")
-        .map(parse_wait)
-        .transpose()?
-        .unwrap_or(Duration::ZERO);
-    let partition: Option<u32> = q.number("partition")?;
+    let (wait, partition, max) = consume_query(&q)?;
     let offset: Option<u64> = q.number("offset")?;
-    let max: Option<u32> = q.number("max")?;
-    if max.is_some_and(|m| m == 0 || m as usize > MAX_CONSUME_BATCH) {
-        return Err(ApiError::bad_request(format!(
-            "max must be between 1 and {MAX_CONSUME_BATCH}"
-        )));
-    }
     let deliveries = match (partition, offset) {
         (p, None) => {
             let max = max.unwrap_or(1) as usize;
@@ -76,5 +67,65 @@ pub(in crate::http) async fn consume(
     Ok(match max {
         Some(_) => Json(MessageList { messages: views }).into_response(),
         None => Json(views.swap_remove(0)).into_response(),
+    })
+}
+
+/// A consume's `wait`, `partition` and `max`.
+///
+/// Errors: 400 for a malformed value or a `max` outside 1 to [`MAX_CONSUME_BATCH`].
+fn consume_query(q: &Query) -> Result<(Duration, Option<u32>, Option<u32>), ApiError> {
+    let wait = q
+        .get("wait")
+        .map(parse_wait)
+        .transpose()?
+        .unwrap_or(Duration::ZERO);
+    let partition: Option<u32> = q.number("partition")?;
+    let max: Option<u32> = q.number("max")?;
+    if max.is_some_and(|m| m == 0 || m as usize > MAX_CONSUME_BATCH) {
+        return Err(ApiError::bad_request(format!(
+            "max must be between 1 and {MAX_CONSUME_BATCH}"
+        )));
+    }
+    Ok((wait, partition, max))
+}
+
+/// `POST /v1/topics/{topic}/consume[?wait=10s][&partition=N][&max=N]` with an optional
+/// body `{"ack":["h1","h2"]}`: acks those handles and leases up to `max` (default 1)
+/// messages, the acks on one partition in the same commit as its lease. Always 200 with
+/// `{"messages":[...],"acks":[{"status":204},{"status":410,"error":{...}}]}` (messages
+/// may be empty; `acks` answers each handle as `POST /ack` would, in order).
+pub(in crate::http) async fn consume_acking(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = topic_name(path)?;
+    allow(&caller, Action::Consume, &name)?;
+    let q = Query::parse(raw, &["wait", "partition", "max"])?;
+    let (wait, partition, max) = consume_query(&q)?;
+    let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
+    let handles = if body.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        parse_consume_acks(&body)?
+    };
+    let max = max.unwrap_or(1) as usize;
+    let done = s
+        .broker
+        .consume_acking(&name, partition, wait, max, &handles)
+        .await?;
+    let paused =
+        done.deliveries.is_empty() && s.broker.topic(&name).await.is_ok_and(|t| t.settings.paused);
+    let view = AckedMessages {
+        messages: done.deliveries.into_iter().map(MessageView::from).collect(),
+        acks: done.acks.into_iter().map(EntryResult::settled).collect(),
+    };
+    Ok(if paused {
+        ([(PAUSED_HEADER, "true")], Json(view)).into_response()
+    } else {
+        Json(view).into_response()
     })
 }
