@@ -5,7 +5,8 @@
 //! any program: each message's payload goes to the command's stdin, its coordinates to the
 //! environment (`NARAD_TOPIC`, `NARAD_PARTITION`, `NARAD_OFFSET`, `NARAD_DELIVERY_COUNT`,
 //! `NARAD_KEY`); the lease is extended every third of the visibility timeout while the
-//! command runs; exit 0 acks, anything else nacks. A 410 on a heartbeat means the lease
+//! command runs; exit 0 acks (the ack rides on the worker's next consume, `POST
+//! /v1/topics/{t}/consume`, one commit for both), anything else nacks. A 410 on a heartbeat means the lease
 //! lapsed: the command is stopped and the message left to whoever has it now. SIGINT or
 //! SIGTERM stops taking messages; running commands finish and are settled first.
 //! docs/decisions.md ("The command-line client") records the choices.
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use narad_client::{BatchMessage, Client, ConsumeOptions, Message, ProduceOptions};
+use narad_client::{BatchMessage, Client, ConsumeOptions, EntryResult, Message, ProduceOptions};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
@@ -389,11 +390,7 @@ async fn settle_logged(c: &Client, topic: &str, m: &Message, action: narad_clien
         return;
     };
     if let Err(e) = c.settle(topic, handle, action).await {
-        let what = if e.is_gone() {
-            "the lease was gone (it may be processed again)".to_owned()
-        } else {
-            e.to_string()
-        };
+        let what = gone_or(&e);
         eprintln!(
             "narad: {action:?} of partition {} offset {}: {what}",
             m.partition, m.offset
@@ -445,6 +442,8 @@ async fn exec_workers(
                 cmd: &cmd,
                 heartbeat,
             };
+            // The handle of the last message done, acked with the next consume.
+            let mut done: Vec<String> = Vec::new();
             while !shared.stop.load(Ordering::SeqCst) {
                 // A slot against --count before asking, given back if nothing came.
                 let slot = shared.taken.fetch_add(1, Ordering::SeqCst);
@@ -457,16 +456,19 @@ async fn exec_workers(
                     partition,
                     max: None,
                 };
-                let got = match c.consume(&topic, &opts).await {
+                let got = match c.consume_acking(&topic, &opts, &done).await {
                     Ok(g) => g,
                     Err(e) => {
                         shared.taken.fetch_sub(1, Ordering::SeqCst);
                         eprintln!("narad: consume: {e}");
+                        // The acks' outcome is unknown: ack them on their own.
+                        ack_all(&c, &topic, std::mem::take(&mut done)).await;
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         continue;
                     }
                 };
-                let Some(m) = got.into_iter().next() else {
+                acks_answered(&c, &topic, std::mem::take(&mut done), &got.acks).await;
+                let Some(m) = got.messages.into_iter().next() else {
                     shared.taken.fetch_sub(1, Ordering::SeqCst);
                     continue;
                 };
@@ -475,14 +477,52 @@ async fn exec_workers(
                     settle_logged(&c, &topic, &m, narad_client::Settle::Nack).await;
                     break;
                 }
-                job.run(&m).await;
+                done.extend(job.run(&m).await);
             }
+            ack_all(&c, &topic, done).await;
         }));
     }
     for t in tasks {
         let _ = t.await;
     }
     Ok(())
+}
+
+/// Acks each handle on its own (retrying 503s), telling stderr of those gone.
+async fn ack_all(c: &Client, topic: &str, handles: Vec<String>) {
+    for h in handles {
+        if let Err(e) = c.ack(topic, &h).await {
+            eprintln!("narad: ack: {}", gone_or(&e));
+        }
+    }
+}
+
+/// Tells stderr of the piggybacked acks that found their lease gone, and acks again on
+/// their own those whose outcome is unknown (503).
+async fn acks_answered(c: &Client, topic: &str, handles: Vec<String>, acks: &[EntryResult]) {
+    let mut again = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        match acks.get(i).map(|a| a.status) {
+            Some(204) => {}
+            Some(410) => eprintln!("narad: ack: the lease was gone (it may be processed again)"),
+            Some(s) => {
+                if s != 503 {
+                    eprintln!("narad: ack answered {s}; acking again on its own");
+                }
+                again.push(h);
+            }
+            None => again.push(h),
+        }
+    }
+    ack_all(c, topic, again).await;
+}
+
+fn gone_or(e: &narad_client::Error) -> String {
+    if e.is_gone() {
+        "the lease was gone (it may be processed again)".to_owned()
+    } else {
+        e.to_string()
+    }
 }
 
 /// One --exec command run.
@@ -494,15 +534,17 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Runs the command on `m`, heartbeating the lease, then acks or nacks.
-    async fn run(&self, m: &Message) {
+    /// Runs the command on `m`, heartbeating the lease; nacks it when the command fails,
+    /// and answers its handle when it succeeded (the caller acks it, with its next
+    /// consume).
+    async fn run(&self, m: &Message) -> Option<String> {
         let where_ = format!("partition {} offset {}", m.partition, m.offset);
         let payload = match m.payload_bytes() {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("narad: {where_}: {e}; giving it back");
                 settle_logged(self.client, self.topic, m, narad_client::Settle::Nack).await;
-                return;
+                return None;
             }
         };
         let mut command = tokio::process::Command::new("sh");
@@ -528,7 +570,7 @@ impl Job<'_> {
             Err(e) => {
                 eprintln!("narad: {where_}: cannot run the command: {e}; giving it back");
                 settle_logged(self.client, self.topic, m, narad_client::Settle::Nack).await;
-                return;
+                return None;
             }
         };
         if let Some(mut stdin) = child.stdin.take() {
@@ -538,7 +580,7 @@ impl Job<'_> {
             });
         }
         let Some(handle) = &m.receipt_handle else {
-            return;
+            return None;
         };
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.tick().await;
@@ -551,25 +593,24 @@ impl Job<'_> {
                         Err(e) if e.is_gone() => {
                             eprintln!("narad: {where_}: the lease lapsed; stopping the command (the message is someone else's now)");
                             let _ = child.kill().await;
-                            return;
+                            return None;
                         }
                         Err(e) => eprintln!("narad: {where_}: heartbeat: {e}"),
                     }
                 }
             }
         };
-        let action = match status {
-            Ok(s) if s.success() => narad_client::Settle::Ack,
+        match status {
+            Ok(s) if s.success() => return Some(handle.clone()),
             Ok(s) => {
                 eprintln!("narad: {where_}: the command failed ({s}); giving the message back");
-                narad_client::Settle::Nack
             }
             Err(e) => {
                 eprintln!("narad: {where_}: waiting for the command: {e}; giving it back");
-                narad_client::Settle::Nack
             }
-        };
-        settle_logged(self.client, self.topic, m, action).await;
+        }
+        settle_logged(self.client, self.topic, m, narad_client::Settle::Nack).await;
+        None
     }
 }
 

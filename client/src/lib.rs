@@ -283,6 +283,31 @@ pub struct ConsumeOptions {
     pub max: Option<u32>,
 }
 
+impl ConsumeOptions {
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(w) = self.wait {
+            q.push(("wait", format!("{}ms", w.as_millis())));
+        }
+        if let Some(p) = self.partition {
+            q.push(("partition", p.to_string()));
+        }
+        if let Some(m) = self.max {
+            q.push(("max", m.to_string()));
+        }
+        q
+    }
+}
+
+/// What [`Client::consume_acking`] answers.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Consumed {
+    /// The messages leased (empty when none turned up within `wait`).
+    pub messages: Vec<Message>,
+    /// One result per ack, in order: `status` 204, 410 or 503 (outcome unknown).
+    pub acks: Vec<EntryResult>,
+}
+
 /// What to do with a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
@@ -566,17 +591,7 @@ impl Client {
         let path = topic_path(topic, "/consume");
         let r = self
             .send(Retry::Yes, || {
-                let mut q: Vec<(&str, String)> = Vec::new();
-                if let Some(w) = opts.wait {
-                    q.push(("wait", format!("{}ms", w.as_millis())));
-                }
-                if let Some(p) = opts.partition {
-                    q.push(("partition", p.to_string()));
-                }
-                if let Some(m) = opts.max {
-                    q.push(("max", m.to_string()));
-                }
-                self.request(Method::GET, &path).query(&q)
+                self.request(Method::GET, &path).query(&opts.query())
             })
             .await?;
         if r.status() == StatusCode::NO_CONTENT {
@@ -591,6 +606,30 @@ impl Client {
         } else {
             Ok(vec![json(r).await?])
         }
+    }
+
+    /// Acks `acks` and leases up to `opts.max` messages in one request (`POST
+    /// /v1/topics/{t}/consume`): the acks on the partition leased from land in the same
+    /// commit as the new lease. Each ack is answered in [`Consumed::acks`] as
+    /// [`Client::ack`] would be: 204 acked, 410 gone, 503 outcome unknown (ack it again).
+    /// With no acks this is [`Client::consume`].
+    pub async fn consume_acking(
+        &self,
+        topic: &str,
+        opts: &ConsumeOptions,
+        acks: &[String],
+    ) -> Result<Consumed> {
+        let path = topic_path(topic, "/consume");
+        let body = serde_json::json!({ "ack": acks }).to_string();
+        let r = self
+            .send(Retry::Yes, || {
+                self.request(Method::POST, &path)
+                    .query(&opts.query())
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        json(r).await
     }
 
     /// Reads the message at `offset` of `partition` without leasing it; `None` when
