@@ -76,6 +76,19 @@ pub struct BenchArgs {
     /// behind one endpoint does (a lone client: `--connections 1`).
     #[arg(long)]
     pub rotate: bool,
+    /// In the consume+ack phase, each client acks what it leased with its next consume
+    /// (`POST /v1/topics/{t}/consume`, one commit for both) instead of a separate ack.
+    #[arg(long, conflicts_with = "split")]
+    pub piggyback: bool,
+}
+
+/// What a worker does once the phase's messages are all claimed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WorkerEnd {
+    /// Nothing: it stops.
+    Stop,
+    /// It calls `op(w, 0)` once, inside the phase's timing (to ack what it still holds).
+    Flush,
 }
 
 struct Phase {
@@ -178,7 +191,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let clients = Arc::new(clients);
     let pick = move |w: usize| clients[w % clients.len()].clone();
     phases.push(
-        phase("produce", &servers, workers, &args, {
+        phase("produce", &servers, workers, &args, WorkerEnd::Stop, {
             let (pick, payload) = (pick.clone(), payload.clone());
             move |w, n| {
                 let (c, payload) = (pick(w), payload.clone());
@@ -190,7 +203,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if args.split {
         let handles: Handles = Arc::default();
         phases.push(
-            phase("consume", &servers, workers, &args, {
+            phase("consume", &servers, workers, &args, WorkerEnd::Stop, {
                 let (pick, handles) = (pick.clone(), handles.clone());
                 move |w, n| {
                     let (c, handles) = (pick(w), handles.clone());
@@ -208,7 +221,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             .await?,
         );
         phases.push(
-            phase("ack", &servers, workers, &args, {
+            phase("ack", &servers, workers, &args, WorkerEnd::Stop, {
                 let (pick, handles) = (pick.clone(), handles.clone());
                 move |w, n| {
                     let (c, handles) = (pick(w), handles.clone());
@@ -228,19 +241,60 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         sizes.record().await;
         replay_probe = Some(replay_cost(&inner, &cfg, &topic).await?);
         let sampler = sizes.sample_every(Duration::from_millis(200));
-        phases.push(
-            phase("consume+ack", &servers, workers, &args, {
-                let pick = pick.clone();
+        let consume_ack = if args.piggyback {
+            // Each worker's handles not yet acked, acked with its next consume.
+            let held: Arc<Vec<Mutex<Vec<String>>>> =
+                Arc::new((0..workers).map(|_| Mutex::default()).collect());
+            let pick = pick.clone();
+            phase(
+                "consume+ack",
+                &servers,
+                workers,
+                &args,
+                WorkerEnd::Flush,
+                move |w, n| {
+                    let (c, held) = (pick(w), held.clone());
+                    async move {
+                        let mine =
+                            std::mem::take(&mut *held[w].lock().unwrap_or_else(|p| p.into_inner()));
+                        if n == 0 {
+                            c.ack(&mine).await?;
+                            return Ok(0);
+                        }
+                        let (leased, unsettled) = match c.consume_acking(n, &mine).await {
+                            Ok(done) => done,
+                            Err(e) => {
+                                *held[w].lock().unwrap_or_else(|p| p.into_inner()) = mine;
+                                return Err(e);
+                            }
+                        };
+                        c.ack(&unsettled).await?;
+                        let k = leased.len();
+                        *held[w].lock().unwrap_or_else(|p| p.into_inner()) = leased;
+                        Ok(k)
+                    }
+                },
+            )
+            .await?
+        } else {
+            let pick = pick.clone();
+            phase(
+                "consume+ack",
+                &servers,
+                workers,
+                &args,
+                WorkerEnd::Stop,
                 move |w, n| {
                     let c = pick(w);
                     async move {
                         let got = c.consume(n).await?;
                         c.ack(&got).await
                     }
-                }
-            })
-            .await?,
-        );
+                },
+            )
+            .await?
+        };
+        phases.push(consume_ack);
         sampler.abort();
     }
     sizes.record().await;
@@ -274,6 +328,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         args.batch.max(1),
         args.partitions
     );
+    if args.piggyback {
+        println!(
+            "acks piggybacked: each consume carries the acks of what the client leased before"
+        );
+    }
     println!("store serial CAS rate: {cas_rate:.1} commits/s (one writer: GET + conditional PUT per commit)");
     println!("store request capacity: {put_rate:.1} PUT/s (8 concurrent writers of small new objects, from this process)");
     println!();
@@ -411,6 +470,7 @@ async fn phase<F, Fut>(
     servers: &Servers,
     workers: usize,
     args: &BenchArgs,
+    end: WorkerEnd,
     op: F,
 ) -> Result<Phase, String>
 where
@@ -452,6 +512,14 @@ where
                     lat.push(t.elapsed());
                 }
                 done.fetch_add(got, Ordering::Relaxed);
+            }
+            if end == WorkerEnd::Flush {
+                let t = Instant::now();
+                if let Err(e) = op(w, 0).await {
+                    eprintln!("narad bench: {name}: {e}");
+                    errors += 1;
+                }
+                lat.push(t.elapsed());
             }
             (lat, errors)
         }));
@@ -688,6 +756,50 @@ impl Client {
             204 | 503 => Ok(Vec::new()),
             s => Err(format!("consume: {s}")),
         }
+    }
+
+    /// Acks `acks` and leases up to `n` messages in one request; returns the new
+    /// messages' handles and the acks whose outcome is unknown (503: ack them again).
+    async fn consume_acking(
+        &self,
+        n: usize,
+        acks: &[String],
+    ) -> Result<(Vec<String>, Vec<String>), String> {
+        let q = if self.batch == 1 {
+            String::new()
+        } else {
+            format!("?max={n}")
+        };
+        let r = self
+            .send(
+                reqwest::Method::POST,
+                &format!("/v1/topics/{}/consume{q}", self.topic),
+                json!({ "ack": acks }).to_string(),
+            )
+            .await?;
+        match r.status().as_u16() {
+            200 => {}
+            // Nothing acked for sure: ack them again, on their own.
+            503 => return Ok((Vec::new(), acks.to_vec())),
+            s => return Err(format!("consume: {s}")),
+        }
+        let v: Value = r.json().await.map_err(|e| e.to_string())?;
+        let leased = v["messages"]
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .filter_map(|m| m["receipt_handle"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let answers = v["acks"].as_array().cloned().unwrap_or_default();
+        let unsettled = acks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| answers.get(*i).is_none_or(|a| a["status"] == 503))
+            .map(|(_, h)| h.clone())
+            .collect();
+        Ok((leased, unsettled))
     }
 
     /// Acks `handles`, retrying 503s; returns how many were acked.

@@ -3,7 +3,7 @@
 //! Every handle's signature is verified before any storage call, so a forged or foreign
 //! handle costs nothing; then each valid handle becomes one settle operation on its
 //! partition's committer, where the pure transition [`crate::partition::settle`] decides.
-//! Handles on one partition share a commit.
+//! Handles on one partition are queued together, so they share a commit.
 //!
 //! A settle takes the topic from this process's cache for up to [`SETTLE_TOPIC_MAX_AGE`],
 //! past the ordinary cache period: its handle names the incarnation it was granted in, so
@@ -12,6 +12,7 @@
 //! settles nothing), and a client whose requests rotate over many processes then pays no
 //! topic read on its acks.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ use crate::topic::Topic;
 /// `max_acked_ahead_per_partition`, `visibility_timeout_ms` or `max_deliveries` reaches
 /// settles within this.
 pub const SETTLE_TOPIC_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// One settle on a partition: (offset, lease id, action).
+type SettleAt = (u64, u64, Settle);
 
 impl Broker {
     /// Acks, extends or nacks the lease a receipt handle names.
@@ -86,9 +90,10 @@ impl Broker {
         topic: &Topic,
         claims: &[(BrokerResult<Claims>, Settle)],
     ) -> BrokerResult<Vec<BrokerResult<()>>> {
-        let mut tasks = tokio::task::JoinSet::new();
         let mut results: Vec<Option<BrokerResult<()>>> = vec![None; claims.len()];
         let tag = incarnation_tag(&topic.incarnation);
+        // Per partition, the entries settled there: (index, (offset, lease id, action)).
+        let mut per: BTreeMap<u32, Vec<(usize, SettleAt)>> = BTreeMap::new();
         for (i, (c, action)) in claims.iter().enumerate() {
             match c {
                 Err(e) => results[i] = Some(Err(e.clone())),
@@ -102,26 +107,31 @@ impl Broker {
                     }
                     results[i] = Some(Err(BrokerError::LeaseGone))
                 }
-                Ok(c) => {
-                    let (committer, topic) = (self.committer.clone(), topic.clone());
-                    let (p, offset, lease_id, action) =
-                        (c.partition, c.offset, c.lease_id, *action);
-                    let task = async move {
-                        (
-                            i,
-                            committer.settle(&topic, p, offset, lease_id, action).await,
-                        )
-                    };
-                    tasks.spawn(task.in_current_span());
-                }
+                Ok(c) => per
+                    .entry(c.partition)
+                    .or_default()
+                    .push((i, (c.offset, c.lease_id, *action))),
             }
         }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (p, entries) in per {
+            let (committer, topic) = (self.committer.clone(), topic.clone());
+            let task = async move {
+                let settles: Vec<(u64, u64, Settle)> = entries.iter().map(|(_, s)| *s).collect();
+                let done = committer.settle_many(&topic, p, &settles).await;
+                (entries, done)
+            };
+            tasks.spawn(task.in_current_span());
+        }
         while let Some(joined) = tasks.join_next().await {
-            let (i, r) = joined.map_err(|e| BrokerError::Internal(format!("settle task: {e}")))?;
-            if matches!(r, Err(BrokerError::StaleTopic)) {
-                return Err(BrokerError::StaleTopic);
+            let (entries, done) =
+                joined.map_err(|e| BrokerError::Internal(format!("settle task: {e}")))?;
+            for ((i, _), r) in entries.into_iter().zip(done) {
+                if matches!(r, Err(BrokerError::StaleTopic)) {
+                    return Err(BrokerError::StaleTopic);
+                }
+                results[i] = Some(r);
             }
-            results[i] = Some(r);
         }
         for (c, _) in claims {
             let Ok(c) = c else { continue };

@@ -266,6 +266,28 @@ async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
     })
 }
 
+/// One queued settle per (offset, lease id, action), and the receivers of their answers.
+fn settle_ops(
+    topic: &Topic,
+    settles: &[(u64, u64, Settle)],
+) -> (Vec<Op>, Vec<oneshot::Receiver<BrokerResult<()>>>) {
+    let rules = Rules::from(&topic.settings);
+    let mut ops = Vec::with_capacity(settles.len() + 1);
+    let mut answers = Vec::with_capacity(settles.len());
+    for &(offset, lease_id, action) in settles {
+        let (tx, rx) = oneshot::channel();
+        let op = SettleOp {
+            offset,
+            lease_id,
+            action,
+            rules,
+        };
+        ops.push(Op::Settle(op, tx));
+        answers.push(rx);
+    }
+    (ops, answers)
+}
+
 impl Committer {
     /// A committer writing through `store`, caching the immutable objects it writes and
     /// reads in `caches`. Each busy batch waits `linger` so that more operations can join
@@ -348,20 +370,7 @@ impl Committer {
         (max, max_bytes): (usize, u64),
         settles: &[(u64, u64, Settle)],
     ) -> (BrokerResult<LeaseAnswer>, Vec<BrokerResult<()>>) {
-        let rules = Rules::from(&topic.settings);
-        let mut ops = Vec::with_capacity(settles.len() + 1);
-        let mut settled = Vec::with_capacity(settles.len());
-        for &(offset, lease_id, action) in settles {
-            let (tx, rx) = oneshot::channel();
-            let op = SettleOp {
-                offset,
-                lease_id,
-                action,
-                rules,
-            };
-            ops.push(Op::Settle(op, tx));
-            settled.push(rx);
-        }
+        let (mut ops, settled) = settle_ops(topic, settles);
         let (tx, leased) = oneshot::channel();
         ops.push(Op::Lease(max, max_bytes, tx));
         self.enqueue(topic, partition, ops);
@@ -371,6 +380,26 @@ impl Committer {
             results.push(answer(rx).await);
         }
         (leased, results)
+    }
+
+    /// Settles `settles` (offset, lease id, action) on one partition, queued together so
+    /// that they share a batch (one commit for a batch ack, not the first alone and the
+    /// rest in the next); each settle's result, in order.
+    ///
+    /// Errors: as [`Committer::settle`], each its own.
+    pub async fn settle_many(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+        settles: &[(u64, u64, Settle)],
+    ) -> Vec<BrokerResult<()>> {
+        let (ops, settled) = settle_ops(topic, settles);
+        self.enqueue(topic, partition, ops);
+        let mut results = Vec::with_capacity(settled.len());
+        for rx in settled {
+            results.push(answer(rx).await);
+        }
+        results
     }
 
     /// Acks, extends or nacks the lease `lease_id` on `offset`.
@@ -385,15 +414,11 @@ impl Committer {
         lease_id: u64,
         action: Settle,
     ) -> BrokerResult<()> {
-        let (tx, rx) = oneshot::channel();
-        let op = SettleOp {
-            offset,
-            lease_id,
-            action,
-            rules: Rules::from(&topic.settings),
-        };
-        self.enqueue(topic, partition, [Op::Settle(op, tx)]);
-        answer(rx).await
+        let mut r = self
+            .settle_many(topic, partition, &[(offset, lease_id, action)])
+            .await;
+        r.pop()
+            .unwrap_or_else(|| Err(BrokerError::Internal("a settle got no result".into())))
     }
 
     /// Swaps runs of segments for merged ones where the manifest still holds them;
