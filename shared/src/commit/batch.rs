@@ -388,7 +388,8 @@ impl Committer {
     }
 
     /// After `change` landed as `state` (or found nothing to write): counts, answers
-    /// every caller, deletes what retention dropped, checkpoints and wakes idle consumers.
+    /// every caller, deletes what retention dropped, starts its checkpoint (the queue's
+    /// [`super::chore`]) and wakes idle consumers.
     /// Returns how many of other processes' writes the commit landed.
     async fn finish(
         &self,
@@ -399,6 +400,9 @@ impl Committer {
     ) -> usize {
         let q = change.q;
         tracing::Span::current().record("version", state.version);
+        // The last commit's checkpoint, written beside this commit, lands before this
+        // commit's callers are answered.
+        q.chore.done().await;
         let own = change.landing.own();
         let foreign_intents = applied
             .decided

@@ -20,6 +20,7 @@
 //! committed (a lease granted to a vanished caller simply lapses).
 
 mod batch;
+mod chore;
 mod combine;
 mod landing;
 mod listing;
@@ -208,6 +209,8 @@ struct Queue {
     /// When the topic was created (segments older than that are an earlier topic's).
     created_at_ms: u64,
     state: Mutex<QueueState>,
+    /// What its last commit left to do after answering.
+    chore: chore::Chore,
 }
 
 /// Counters for `/metrics`.
@@ -526,6 +529,7 @@ impl Committer {
                     key: topic.manifest_key(partition),
                     tag: crate::partition::combine::tag(&topic.incarnation),
                     created_at_ms: topic.created_at_ms,
+                    chore: chore::Chore::default(),
                     state: Mutex::new(QueueState::default()),
                 })
             })

@@ -21,6 +21,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::cas::{CasError, Cell, Invalid, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
@@ -123,6 +124,8 @@ impl Committer {
     /// the same object is still corrupt. True when the manifest was repaired (or another
     /// process repaired it meanwhile): the commit may try again.
     pub(super) async fn self_repair(&self, q: &Queue, rules: &Rules) -> bool {
+        // This process's last checkpoint of it first.
+        q.chore.done().await;
         let t = Target {
             topic: &q.topic,
             incarnation: &q.incarnation,
@@ -362,8 +365,9 @@ impl Committer {
         Ok(cell.read::<BrokerError>().await?)
     }
 
-    /// Writes the checkpoint `m` asked for and deletes checkpoint `expired` (0: none).
-    /// A failure is logged and otherwise ignored: the next checkpoint comes soon.
+    /// Writes the checkpoint `m` asked for and deletes checkpoint `expired` (0: none), as
+    /// the queue's [`super::chore`]: in the background, after the last one. A failure is
+    /// logged and otherwise ignored: the next checkpoint comes soon.
     pub(super) async fn write_checkpoint(&self, q: &Queue, m: &Manifest, expired: u64) {
         let key = keys::checkpoint(&q.topic, q.partition, m.version);
         let body = match m.encode() {
@@ -373,15 +377,19 @@ impl Committer {
                 return;
             }
         };
-        if let Err(e) = self.store.put_if_absent(&key, body).await {
-            tracing::debug!(%key, error = %e, "checkpoint not written");
-            return;
-        }
-        if expired > 0 {
-            let old = keys::checkpoint(&q.topic, q.partition, expired);
-            if let Err(e) = self.store.delete(&old).await {
-                tracing::debug!(key = %old, error = %e, "old checkpoint not deleted");
+        let old = (expired > 0).then(|| keys::checkpoint(&q.topic, q.partition, expired));
+        let store = self.store.clone();
+        let write = async move {
+            if let Err(e) = store.put_if_absent(&key, body).await {
+                tracing::debug!(%key, error = %e, "checkpoint not written");
+                return;
             }
-        }
+            if let Some(old) = old {
+                if let Err(e) = store.delete(&old).await {
+                    tracing::debug!(key = %old, error = %e, "old checkpoint not deleted");
+                }
+            }
+        };
+        q.chore.start(write.in_current_span()).await;
     }
 }
