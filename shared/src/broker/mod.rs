@@ -22,6 +22,7 @@ mod read;
 mod redrive;
 mod replay;
 mod settle;
+mod topic_cache;
 pub mod topics;
 mod watch;
 
@@ -65,7 +66,7 @@ pub struct Broker {
     segments: Arc<SegmentCache>,
     indexes: Arc<Cache<Index>>,
     views: replay::Views,
-    topics: Arc<topics::TopicCache>,
+    topics: Arc<topic_cache::TopicCache>,
     watches: watch::Watches,
     round_robin: AtomicU64,
     waiting: AtomicI64,
@@ -132,7 +133,7 @@ impl Broker {
             ids,
             receipts,
             gate,
-            topics: Arc::new(topics::TopicCache::new(opts.topic_cache)),
+            topics: Arc::new(topic_cache::TopicCache::new(opts.topic_cache)),
             watches: watch::Watches::new(opts.poll_interval, opts.idle_poll_max),
             opts,
             committer,

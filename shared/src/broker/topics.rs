@@ -3,24 +3,18 @@
 //! The topic record is a [`crate::cas`] record (docs/design.md §2): create is a
 //! put-if-absent that answers the existing topic when it has the same settings; change
 //! is a conditional replace of the settings that may change. Settings are cached in this
-//! process for `topic_cache` (a request the cached settings refuse is checked again
+//! process for `topic_cache` ([`super::topic_cache`]; a request the cached settings refuse is checked again
 //! against fresh ones, see [`super::check_partition`]).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
-
 use serde::Serialize;
-use tokio::time::Instant;
 
+use super::topic_cache::{Lookup, Refresh};
 use super::Broker;
 use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::Manifest;
 use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
-use crate::store::ETag;
 use crate::topic::{Topic, TopicRecord};
 
 /// One partition's state, for `GET /v1/topics/{topic}`.
@@ -60,170 +54,6 @@ pub struct PartitionStats {
     pub oldest_available_age_ms: Option<u64>,
 }
 
-/// Topic settings cached in this process.
-///
-/// A topic is served from the cache for `ttl` after it was read. Once it is half that
-/// old, the request that finds it is also told to refresh it in the background
-/// ([`Lookup::Aging`], one such request at a time per topic), so that a topic in steady
-/// use is read again before it expires and no request waits for that read in series.
-pub(super) struct TopicCache {
-    ttl: Duration,
-    entries: Mutex<HashMap<String, Entry>>,
-    /// Numbers the entries put, so that a refresh replaces only the entry it refreshes.
-    puts: AtomicU64,
-}
-
-/// One cached topic.
-struct Entry {
-    /// When it was read.
-    at: Instant,
-    topic: Topic,
-    /// Which put made it ([`TopicCache::puts`]).
-    put: u64,
-    /// Whether a background refresh of it is running. One that never ends (a frozen
-    /// Lambda instance) holds no request up: the entry still expires after `ttl`, and the
-    /// read that follows puts a new one.
-    refreshing: bool,
-}
-
-/// The entry a background refresh refreshes ([`Lookup::Aging`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Refresh(u64);
-
-/// What the cache holds for a topic.
-#[derive(Debug)]
-pub(super) enum Lookup {
-    /// Read less than half the cache period ago.
-    Fresh(Topic),
-    /// Still fresh, but past half the cache period: the caller refreshes it (and is the
-    /// only one told so until that refresh ends), and hands the
-    /// [`Refresh`] back with what it read.
-    Aging(Topic, Refresh),
-    /// Not cached, or older than the cache period: read it before use.
-    Missing,
-}
-
-impl TopicCache {
-    pub(super) fn new(ttl: Duration) -> Self {
-        Self {
-            ttl,
-            entries: Mutex::new(HashMap::new()),
-            puts: AtomicU64::new(0),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The cached topic, if fresh, and whether the caller should refresh it.
-    pub(super) fn lookup(&self, name: &str) -> Lookup {
-        let mut map = self.lock();
-        let Some(e) = map.get_mut(name) else {
-            return Lookup::Missing;
-        };
-        let age = e.at.elapsed();
-        if age >= self.ttl {
-            return Lookup::Missing;
-        }
-        let topic = Topic {
-            from_cache: true,
-            ..e.topic.clone()
-        };
-        if age < self.ttl / 2 || e.refreshing {
-            return Lookup::Fresh(topic);
-        }
-        e.refreshing = true;
-        Lookup::Aging(topic, Refresh(e.put))
-    }
-
-    /// What a background refresh read: the record replaces the entry it refreshed (a
-    /// missing one removes it), unless this process put a newer one meanwhile (its own
-    /// change or read, which the refresh may predate). `None`: the read failed, and the
-    /// next request past half the period may try again.
-    pub(super) fn refreshed(
-        &self,
-        name: &str,
-        Refresh(put): Refresh,
-        read: Option<Snapshot<Option<TopicRecord>>>,
-    ) {
-        let mut map = self.lock();
-        let Some(e) = map.get_mut(name).filter(|e| e.put == put) else {
-            return;
-        };
-        match read {
-            None => e.refreshing = false,
-            Some(Snapshot {
-                value: Some(rec),
-                etag: Some(etag),
-                ..
-            }) => {
-                let topic = Topic::from_record(name, rec, etag);
-                *e = self.entry(topic);
-            }
-            Some(_) => {
-                map.remove(name);
-            }
-        }
-    }
-
-    fn entry(&self, topic: Topic) -> Entry {
-        Entry {
-            at: Instant::now(),
-            topic,
-            put: self.puts.fetch_add(1, Ordering::Relaxed),
-            refreshing: false,
-        }
-    }
-
-    /// The cached topic if it was read within `max_age` (however long the cache period).
-    pub(super) fn recent(&self, name: &str, max_age: Duration) -> Option<Topic> {
-        let map = self.lock();
-        let e = map.get(name)?;
-        (e.at.elapsed() < max_age.max(self.ttl)).then(|| Topic {
-            from_cache: true,
-            ..e.topic.clone()
-        })
-    }
-
-    /// The cached topic whatever its age, if it was read with ETag `etag` (a listing
-    /// just showed that ETag: the settings are current).
-    pub(super) fn confirmed(&self, name: &str, etag: &ETag) -> Option<Topic> {
-        let map = self.lock();
-        let e = map.get(name)?;
-        (e.topic.etag == *etag).then(|| Topic {
-            from_cache: true,
-            ..e.topic.clone()
-        })
-    }
-
-    fn put(&self, topic: &Topic) {
-        let e = self.entry(topic.clone());
-        self.lock().insert(topic.name.clone(), e);
-    }
-
-    pub(super) fn forget(&self, name: &str) {
-        self.lock().remove(name);
-    }
-}
-
-/// Keeps a topic just read or written in `cache`, as a [`Topic`]; a missing one leaves it.
-///
-/// Errors: [`BrokerError::TopicNotFound`] when the record is missing.
-fn remember(
-    cache: &TopicCache,
-    name: &str,
-    snap: Snapshot<Option<TopicRecord>>,
-) -> BrokerResult<Topic> {
-    let (Some(rec), Some(etag)) = (snap.value, snap.etag) else {
-        cache.forget(name);
-        return Err(BrokerError::TopicNotFound);
-    };
-    let topic = Topic::from_record(name, rec, etag);
-    cache.put(&topic);
-    Ok(topic)
-}
-
 /// What a create found.
 enum Created {
     New,
@@ -237,7 +67,7 @@ impl Broker {
 
     /// Keeps a topic just read or written in the cache, as a [`Topic`].
     fn remember(&self, name: &str, snap: Snapshot<Option<TopicRecord>>) -> BrokerResult<Topic> {
-        remember(&self.topics, name, snap)
+        self.topics.remember(name, snap)
     }
 
     /// Loads a topic's settings, from this process's short-lived cache when fresh.
@@ -591,108 +421,4 @@ fn not_own_dead_letter_topic(name: &str, s: &TopicSettings) -> BrokerResult<()> 
         return Err(InvalidSetting("dead_letter_topic must be another topic".into()).into());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(incarnation: &str) -> TopicRecord {
-        TopicRecord {
-            settings: TopicSettings::default(),
-            incarnation: incarnation.into(),
-            created_at_ms: 0,
-            layout: keys::LAYOUT_FLAT,
-            unknown: serde_json::Map::new(),
-        }
-    }
-
-    fn topic(incarnation: &str) -> Topic {
-        Topic::from_record("t", record(incarnation), ETag::new(incarnation))
-    }
-
-    fn read(incarnation: Option<&str>) -> Option<Snapshot<Option<TopicRecord>>> {
-        Some(Snapshot {
-            value: incarnation.map(record),
-            etag: incarnation.map(ETag::new),
-        })
-    }
-
-    fn incarnation(l: &Lookup) -> Option<&str> {
-        match l {
-            Lookup::Fresh(t) | Lookup::Aging(t, _) => Some(&t.incarnation),
-            Lookup::Missing => None,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn past_half_its_period_one_request_refreshes_and_all_are_served() {
-        let c = TopicCache::new(Duration::from_millis(1000));
-        assert!(matches!(c.lookup("t"), Lookup::Missing));
-        c.put(&topic("a"));
-        tokio::time::advance(Duration::from_millis(499)).await;
-        assert!(matches!(c.lookup("t"), Lookup::Fresh(_)));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        let Lookup::Aging(t, refresh) = c.lookup("t") else {
-            panic!("past half the period: refresh")
-        };
-        assert!(t.from_cache);
-        // The refresh is running: the others are served without being told to.
-        assert!(matches!(c.lookup("t"), Lookup::Fresh(_)));
-        c.refreshed("t", refresh, read(Some("a")));
-        tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(incarnation(&c.lookup("t")), Some("a"), "read again: fresh");
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(
-            matches!(c.lookup("t"), Lookup::Missing),
-            "never older than ttl"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_refresh_replaces_only_the_entry_it_refreshed() {
-        let c = TopicCache::new(Duration::from_millis(1000));
-        c.put(&topic("a"));
-        tokio::time::advance(Duration::from_millis(600)).await;
-        let Lookup::Aging(_, refresh) = c.lookup("t") else {
-            panic!("aging")
-        };
-        // This process wrote the topic meanwhile: the older read must not undo it.
-        c.put(&topic("b"));
-        c.refreshed("t", refresh, read(Some("a")));
-        assert_eq!(incarnation(&c.lookup("t")), Some("b"));
-        c.refreshed("t", refresh, read(None));
-        assert_eq!(incarnation(&c.lookup("t")), Some("b"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_refresh_lets_the_next_request_try_and_a_deleted_topic_leaves() {
-        let c = TopicCache::new(Duration::from_millis(1000));
-        c.put(&topic("a"));
-        tokio::time::advance(Duration::from_millis(600)).await;
-        let Lookup::Aging(_, refresh) = c.lookup("t") else {
-            panic!("aging")
-        };
-        c.refreshed("t", refresh, None);
-        let Lookup::Aging(_, refresh) = c.lookup("t") else {
-            panic!("the failed refresh no longer counts as running")
-        };
-        c.refreshed("t", refresh, read(None));
-        assert!(
-            matches!(c.lookup("t"), Lookup::Missing),
-            "deleted meanwhile"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_refresh_that_never_ends_keeps_no_entry_past_its_period() {
-        let c = TopicCache::new(Duration::from_millis(1000));
-        c.put(&topic("a"));
-        tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(matches!(c.lookup("t"), Lookup::Aging(..)));
-        tokio::time::advance(Duration::from_millis(499)).await;
-        assert!(matches!(c.lookup("t"), Lookup::Fresh(_)));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(matches!(c.lookup("t"), Lookup::Missing));
-    }
 }
