@@ -1,7 +1,8 @@
 //! Consume: lease up to `max` messages, long-polling for them (docs/design.md §4, §5).
 //!
-//! One pass tries the partitions in round-robin order from a rotating start (or only the
-//! one asked for), asking each partition's committer for the leases still wanted. A
+//! One pass tries the partitions in order from the process's sticky cursor
+//! ([`super::sticky`]: consumes arriving while a partition commits lease there together),
+//! or only the one asked for, asking each partition's committer for the leases still wanted. A
 //! lease's message is read (from the segment cache when this process wrote or read it)
 //! and its receipt handle signed over (topic, partition, offset, lease id). Messages
 //! parked for dead-lettering go to [`Broker::dead_letter`] instead of the consumer.
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::long_poll::{Gauge, Waiting};
+use super::sticky::Kind;
 use super::watch::{Seen, View, Watch};
 use super::{check_partition, Broker};
 use crate::commit::{LeaseAnswer, Peek};
@@ -229,10 +231,12 @@ impl Broker {
                 vec![p]
             }
             None => {
-                let start = self.next_round_robin(n);
+                let take = u32::try_from(max).unwrap_or(u32::MAX);
+                let start = self.sticky_partition(Kind::Consume, topic, take);
                 (0..n).map(|i| (start + i) % n).collect()
             }
         };
+        let first = order.first().copied();
         let mut out = Vec::new();
         let mut used = 0;
         let mut lapse: Option<u64> = None;
@@ -252,8 +256,13 @@ impl Broker {
                 .committer
                 .lease(topic, p, (max - out.len(), room))
                 .await?;
+            let before = out.len();
             self.take_leased(topic, p, answer, &mut out, &mut used)
                 .await?;
+            if partition.is_none() && before == 0 && !out.is_empty() && Some(p) != first {
+                // The cursor's partition had nothing: the next consumes start here.
+                self.sticky.served(Kind::Consume, &topic.name, p);
+            }
         }
         Ok((out, lapse))
     }

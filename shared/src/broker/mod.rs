@@ -6,7 +6,7 @@
 //! change goes to the [`Committer`]; the broker itself keeps no state that matters
 //! between requests, so any number of processes (or Lambda instances) may share one
 //! store. What it keeps in memory is only an optimisation or a courtesy: a cache of
-//! immutable segments, topic settings for up to `topic_cache`, the round-robin cursor.
+//! immutable segments, topic settings for up to `topic_cache`, the sticky cursors ([`sticky`]).
 //!
 //! The rules it serves (leases, receipt handles, flow control) are in
 //! docs/design.md §4 and §5 and are implemented by the pure transitions of
@@ -22,13 +22,14 @@ mod read;
 mod redrive;
 mod replay;
 mod settle;
+mod sticky;
 mod topic_cache;
 pub mod topics;
 mod watch;
 
 use crate::cas::CasError;
 use crate::gate::Gate;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -68,7 +69,7 @@ pub struct Broker {
     views: replay::Views,
     topics: Arc<topic_cache::TopicCache>,
     watches: watch::Watches,
-    round_robin: AtomicU64,
+    sticky: sticky::Sticky,
     waiting: AtomicI64,
     dead_lettered: AtomicU64,
 }
@@ -126,6 +127,9 @@ impl Broker {
             opts.commit_linger,
             gate.level(),
         ));
+        // Seeded from the id source, so that each process draws its own rounds and a
+        // seeded test replays.
+        let sticky = sticky::Sticky::new(&ids.new_id());
         Ok(Self {
             store,
             metered,
@@ -140,7 +144,7 @@ impl Broker {
             segments,
             indexes,
             views: replay::Views::default(),
-            round_robin: AtomicU64::new(0),
+            sticky,
             waiting: AtomicI64::new(0),
             dead_lettered: AtomicU64::new(0),
         })
@@ -221,9 +225,13 @@ impl Broker {
         self.views.forget(&topic.manifest_key(partition));
     }
 
-    /// The next partition of this process's round-robin over `n` partitions.
-    fn next_round_robin(&self, n: u32) -> u32 {
-        (self.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(n.max(1))) as u32
+    /// The partition of `topic`'s sticky cursor of `kind` for the next `take`
+    /// operations ([`sticky`]): it stays while its partition is committing here.
+    fn sticky_partition(&self, kind: sticky::Kind, topic: &Topic, take: u32) -> u32 {
+        let n = topic.settings.partitions;
+        self.sticky.pick(kind, &topic.name, n, take, |p| {
+            self.committer.peek(topic, p) == crate::commit::Peek::Busy
+        })
     }
 
     /// Runs `f` with the topic; if the topic turned out stale (deleted and created again

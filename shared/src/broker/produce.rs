@@ -3,8 +3,10 @@
 //!
 //! The partition is the message's `partition` if given, else the one its key hashes to
 //! ([`super::partition_for_key`]), else the one its idempotency key hashes to (so
-//! retries reach the same partition), else the next in this process's round-robin.
-//! Messages for one partition commit together, in order, with contiguous offsets.
+//! retries reach the same partition), else the partition of this process's sticky
+//! cursor ([`super::sticky`]): every such message of one request goes there, and so do
+//! other requests' while it is committing. Messages for one partition commit together, in
+//! order, with contiguous offsets.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +15,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tracing::Instrument;
 
+use super::sticky::Kind;
 use super::{check_partition, partition_for_key, Broker};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::produce::NewStored;
@@ -22,7 +25,7 @@ use crate::topic::Topic;
 /// A message to produce.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
-    /// Target partition; with `None`, by key hash, else round-robin.
+    /// Target partition; with `None`, by key hash, else the sticky cursor's.
     pub partition: Option<u32>,
     /// The message key.
     pub key: Option<String>,
@@ -97,6 +100,14 @@ impl Broker {
         results: &mut [Option<BrokerResult<Produced>>],
     ) -> BrokerResult<BTreeMap<u32, Vec<usize>>> {
         let n = topic.settings.partitions;
+        let loose = messages
+            .iter()
+            .filter(|m| m.partition.is_none() && m.key.is_none() && m.idempotency_key.is_none())
+            .count();
+        let sticky = (loose > 0).then(|| {
+            let take = u32::try_from(loose).unwrap_or(u32::MAX);
+            self.sticky_partition(Kind::Produce, topic, take)
+        });
         let mut by_partition: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, m) in messages.iter().enumerate() {
             let max = self.opts.max_message_bytes;
@@ -107,7 +118,7 @@ impl Broker {
             } else if let Some(k) = m.key.as_ref().or(m.idempotency_key.as_ref()) {
                 Ok(partition_for_key(k, n))
             } else {
-                Ok(self.next_round_robin(n))
+                Ok(sticky.unwrap_or(0))
             };
             match p {
                 Ok(p) => by_partition.entry(p).or_default().push(i),
