@@ -9,9 +9,9 @@
 //! * **Body deadline** (`NARAD_BODY_TIMEOUT_MS`): see [`super::admission`].
 //! * **Connection limit** (`NARAD_MAX_CONNECTIONS`, lowered to half of what the
 //!   file-descriptor limit leaves after a reserve, so the store's own files and sockets
-//!   always fit): a connection over it is answered 503 with `Retry-After` and closed
-//!   within 200 ms (100 ms after its answer when it has sent nothing, as an idle
-//!   socket has not). At most half as many refusals run at once; while they are all busy
+//!   always fit): a connection over it is answered 503 with `Retry-After` once its
+//!   request begins to arrive (after 100 ms when it sends nothing, as an idle socket
+//!   does not) and closed within 200 ms. At most half as many refusals run at once; while they are all busy
 //!   the loop stops accepting for a moment (the kernel's backlog holds new connections),
 //!   so descriptors never run out, and every connection, a health check included, gets an
 //!   answer even while idle sockets fill every slot (the idle timeout closes those).
@@ -176,23 +176,27 @@ where
     let _ = conn.await;
 }
 
-/// Answers a connection over the limit with 503 and closes it within [`REFUSE_WITHIN`]:
-/// the answer goes out at once, then what the client sends is drained until it closes,
-/// so that it reads the answer rather than a reset.
+/// Answers a connection over the limit with 503 and closes it within [`REFUSE_WITHIN`].
+/// The answer goes out once the client's request has begun to arrive (or after
+/// [`QUIET_PEER`] of silence, as from an idle socket): a client sent an answer before it
+/// wrote its request takes it for a broken connection, not a 503. Then what the client
+/// sends is drained until it closes, so that it reads the answer rather than a reset.
 async fn refuse(mut stream: TcpStream, _slot: OwnedSemaphorePermit) {
     let _ = tokio::time::timeout(REFUSE_WITHIN, async {
+        let mut buf = [0u8; 1024];
+        let sent = matches!(
+            tokio::time::timeout(QUIET_PEER, stream.read(&mut buf)).await,
+            Ok(Ok(n)) if n > 0
+        );
         let _ = stream.write_all(BUSY).await;
         let _ = stream.shutdown().await;
-        let mut buf = [0u8; 1024];
-        // A peer that sends nothing (an idle socket) is closed at once: with nothing
+        // A peer that sent nothing (an idle socket) is closed at once: with nothing
         // unread, the close is a clean FIN, and the slot frees for the next refusal. One
         // that sent a request is drained until it closes, so its answer is not lost to a
         // reset.
-        match tokio::time::timeout(QUIET_PEER, stream.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return,
+        if sent {
+            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
         }
-        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
     })
     .await;
 }
