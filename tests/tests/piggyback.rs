@@ -3,7 +3,7 @@
 //! the request answers 200 with the new messages beside those results.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use narad_tests::Server;
+use narad_tests::{Options, Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -213,6 +213,38 @@ async fn a_paused_topic_still_takes_acks_and_says_why_nothing_came() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v, json!({"messages": [], "acks": [{"status": 204}]}));
     assert_eq!(s.ack("paused", &handle(&held), "").await, StatusCode::GONE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_made_through_another_process_stops_its_leases_within_the_cache_period() {
+    let a = Server::start().await;
+    let b = Server::start_on(a.store.clone(), None, Options::default(), a.clock.clone()).await;
+    a.create_topic("paused-elsewhere", json!({})).await;
+    a.produce("paused-elsewhere", "a").await;
+    a.produce("paused-elsewhere", "b").await;
+    // `b` caches the topic as it is now, unpaused.
+    let held = b.consume("paused-elsewhere", "").await.unwrap();
+    let r = a
+        .req(Method::PATCH, "/v1/topics/paused-elsewhere")
+        .body(json!({"paused": true}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // Settings reach other processes within the topic cache's 1 s (the settles' longer
+    // 10 s must not carry the lease along: it would deliver from a paused topic).
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let r = consume_acking(
+        &b,
+        "paused-elsewhere",
+        "",
+        &json!({"ack": [handle(&held)]}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["narad-paused"], "true");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"messages": [], "acks": [{"status": 204}]}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
-use super::settle::SETTLE_TOPIC_MAX_AGE;
 use super::{check_partition, Broker, Settle};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -113,10 +112,9 @@ impl Broker {
                 (c, Settle::Ack)
             })
             .collect();
-        let topic = match self.topics.recent(name, SETTLE_TOPIC_MAX_AGE) {
-            Some(t) => t,
-            None => self.topic(name).await?,
-        };
+        // The lease needs settings within the cache period (a pause, a new flow-control
+        // limit reach every process within it), not the settles' longer one.
+        let topic = self.topic(name).await?;
         let claims = &claims;
         let (mut done, covered) = self
             .with_loaded_topic(name, topic, |topic| async move {
