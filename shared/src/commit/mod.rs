@@ -20,6 +20,7 @@
 //! committed (a lease granted to a vanished caller simply lapses).
 
 mod batch;
+mod checks;
 mod chore;
 mod combine;
 mod landing;
@@ -61,6 +62,7 @@ use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
+pub use checks::TopicChecks;
 pub use repair::Repair;
 use role::{Idle, Role};
 pub use wake::Wakers;
@@ -248,6 +250,8 @@ pub struct Committer {
     ids: Arc<dyn IdSource>,
     clock: Arc<dyn Clock>,
     wakers: Wakers,
+    /// What segment writes' topic re-checks found unchanged.
+    topic_checks: TopicChecks,
     queues: Mutex<HashMap<(String, String, u32), Arc<Queue>>>,
     /// The last id given to a batch's span ([`commit_span`]).
     next_id: AtomicU64,
@@ -311,6 +315,7 @@ impl Committer {
             ids,
             clock,
             wakers: Wakers::default(),
+            topic_checks: TopicChecks::default(),
             queues: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             stats: CommitStats::default(),
@@ -325,6 +330,11 @@ impl Committer {
     /// The wake-ups this committer sends after commits that make messages available.
     pub fn wakers(&self) -> &Wakers {
         &self.wakers
+    }
+
+    /// When segment writes' topic re-checks last found each topic record unchanged.
+    pub fn topic_checks(&self) -> &TopicChecks {
+        &self.topic_checks
     }
 
     /// Appends `messages` in order; answers their offsets (a duplicate gets the offset of

@@ -118,8 +118,9 @@ impl Committer {
     /// Errors: [`BrokerError::StaleTopic`] when it was deleted or created again.
     async fn check_topic(&self, q: &Queue, topic_etag: &ETag) -> BrokerResult<()> {
         let settings_key = keys::topic_settings(&q.topic);
+        let sent = tokio::time::Instant::now();
         match self.store.get_if_changed(&settings_key, topic_etag).await? {
-            Fetched::Unchanged => {}
+            Fetched::Unchanged => self.topic_checks.unchanged(&q.topic, topic_etag, sent),
             Fetched::Missing => return Err(BrokerError::StaleTopic),
             Fetched::Object(o) => {
                 // Settings may have changed (PATCH); only a new incarnation is stale.
