@@ -314,8 +314,15 @@ impl Broker {
         read_ahead: bool,
     ) -> BrokerResult<Vec<(Delivery, &'g Grant)>> {
         let offsets: Vec<u64> = grants.iter().map(|g| g.offset).collect();
+        let follows = self.followed.lease(&topic.name, partition, &offsets);
         let messages = self
-            .messages(&topic.name, partition, layout, &offsets, read_ahead)
+            .messages(
+                &topic.name,
+                partition,
+                layout,
+                &offsets,
+                read_ahead && follows,
+            )
             .await?;
         let mut out = Vec::with_capacity(grants.len());
         for (g, msg) in grants.iter().zip(messages) {

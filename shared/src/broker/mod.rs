@@ -70,6 +70,8 @@ pub struct Broker {
     topics: Arc<topic_cache::TopicCache>,
     watches: watch::Watches,
     sticky: sticky::Sticky,
+    /// Whether consumes here follow on from one another, per partition (read-ahead).
+    followed: read::Followed,
     waiting: AtomicI64,
     dead_lettered: AtomicU64,
 }
@@ -145,6 +147,7 @@ impl Broker {
             indexes,
             views: replay::Views::default(),
             sticky,
+            followed: read::Followed::default(),
             waiting: AtomicI64::new(0),
             dead_lettered: AtomicU64::new(0),
         })

@@ -1,13 +1,14 @@
 //! Reading messages: find an offset's segment (a hot segment of the layout, or through
 //! index objects for older offsets, [`crate::objects`]), read segments once per process
 //! through byte-bounded caches, several at a time, and read ahead of a consumer far behind its producers (the
-//! next segments ride along a read that has to happen anyway).
+//! next segments ride along a read that has to happen anyway) when its consumes follow on
+//! from one another in this process ([`Followed`]).
 //!
 //! Segments and index objects are immutable, so cached copies never go stale; a message
 //! whose segment is gone was removed by retention (the caller treats it as expired).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use super::Broker;
 use crate::error::{BrokerError, BrokerResult};
@@ -21,6 +22,40 @@ use crate::segment::{Segment, StoredMessage};
 pub const READ_AHEAD_SEGMENTS: usize = 8;
 /// Most payload bytes one read-ahead fetches.
 pub const READ_AHEAD_BYTES: u64 = 8 << 20;
+
+/// Partitions whose last lease this process remembers at most; past this the record
+/// starts again (a partition not consumed from since reads ahead once more).
+const MAX_FOLLOWED: usize = 4096;
+
+/// Whether this process's consumes of a partition follow on from one another, so that
+/// reading ahead of them fetches what this process will deliver next.
+///
+/// A consume reads ahead only when the first offset it leased is at most one past the
+/// last offset this process leased there before (or it leased nothing there before). A
+/// client whose requests rotate over K processes (Lambda instances behind one endpoint)
+/// sends each process every K-th message: segments read ahead there would be delivered
+/// by the other processes, which read them again, so K processes read every segment
+/// about K times over. Such a process reads only what it delivers.
+#[derive(Debug, Default)]
+pub(super) struct Followed(Mutex<HashMap<(String, u32), u64>>);
+
+impl Followed {
+    /// Records a lease of `offsets` on `(topic, partition)`; answers whether it follows on
+    /// from this process's previous one there.
+    pub(super) fn lease(&self, topic: &str, partition: u32, offsets: &[u64]) -> bool {
+        let (Some(&lo), Some(&hi)) = (offsets.iter().min(), offsets.iter().max()) else {
+            return false;
+        };
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_FOLLOWED && !map.contains_key(&(topic.to_owned(), partition)) {
+            map.clear();
+        }
+        let last = map.entry((topic.to_owned(), partition)).or_insert(hi);
+        let follows = lo <= last.saturating_add(1);
+        *last = (*last).max(hi);
+        follows
+    }
+}
 
 impl Broker {
     /// Reads through this process's caches.
@@ -172,5 +207,48 @@ impl Broker {
             out.push(s.clone());
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Followed;
+
+    #[test]
+    fn a_lone_consumer_follows_on_and_a_rotating_one_does_not() {
+        let f = Followed::default();
+        // First lease: nothing to compare with, so it reads ahead.
+        assert!(f.lease("t", 0, &[0]));
+        assert!(f.lease("t", 0, &[1]));
+        assert!(f.lease("t", 0, &[2, 3, 4]));
+        // Leased out of order within one commit (another consumer of this process).
+        assert!(f.lease("t", 0, &[4]));
+        // A redelivery of an older message follows on too.
+        assert!(f.lease("t", 0, &[1]));
+        // Other processes took 5..12: this process does not read ahead.
+        assert!(!f.lease("t", 0, &[13]));
+        assert!(f.lease("t", 0, &[14]));
+        // Partitions and topics are apart.
+        assert!(f.lease("t", 1, &[100]));
+        assert!(f.lease("u", 0, &[50]));
+        assert!(!f.lease("t", 1, &[102]));
+        // No lease, no read.
+        assert!(!f.lease("t", 0, &[]));
+    }
+
+    #[test]
+    fn every_kth_offset_never_reads_ahead_after_the_first() {
+        let f = Followed::default();
+        let reads: Vec<bool> = (0..10).map(|i| f.lease("t", 0, &[i * 8])).collect();
+        assert_eq!(reads.iter().filter(|&&r| r).count(), 1);
+    }
+
+    #[test]
+    fn stays_bounded() {
+        let f = Followed::default();
+        for p in 0..(super::MAX_FOLLOWED as u32 + 10) {
+            f.lease("t", p, &[0]);
+        }
+        assert!(f.0.lock().unwrap().len() <= super::MAX_FOLLOWED);
     }
 }
