@@ -58,6 +58,14 @@ struct BatchCommit<'a> {
     wrote: bool,
     /// Attempts so far (more than one: another process wrote meanwhile).
     attempts: u32,
+    /// `combined_through` of the state its first attempt started from.
+    first_through: Option<String>,
+    /// A later attempt started from a state in which another process's commit had landed
+    /// combining writes: other processes combine on the partition, so this one should
+    /// too. A process whose cache is current loses at most one race per batch (it re-reads
+    /// and wins), so it never counted the partition as contended while the others waited
+    /// on it and lost every race to it, answering 503.
+    others_combine: bool,
 }
 
 impl<'a> BatchCommit<'a> {
@@ -82,10 +90,9 @@ impl<'a> BatchCommit<'a> {
                     batch.settles.clear();
                     batch.leases.clear();
                 }
-                let at = h.snap.value.version;
                 (
                     Produces::written(h.own.segment),
-                    Landing::listed(h.listed, at, h.own.intents),
+                    Landing::listed(h.listed, &h.snap.value, h.own.intents),
                 )
             }
         };
@@ -102,6 +109,8 @@ impl<'a> BatchCommit<'a> {
             keys: std::mem::take(&mut lock(&q.state).keys),
             wrote: false,
             attempts: 0,
+            first_through: None,
+            others_combine: false,
         }
     }
 
@@ -148,6 +157,10 @@ impl Change<Manifest> for BatchCommit<'_> {
 
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
         self.attempts += 1;
+        match &self.first_through {
+            None => self.first_through = Some(snap.value.combined_through.clone()),
+            Some(first) => self.others_combine |= *first != snap.value.combined_through,
+        }
         let (c, q, state) = (self.committer, self.q, &snap.value);
         let work = (&self.batch, &self.topic);
         let segment_landed = self.produces.prepare(c, q, work, state, self.now).await;
@@ -359,7 +372,13 @@ impl Committer {
             confirmed,
             callers: replies.len() > 0,
         };
-        lock(&q.state).role.committed(attempts, Instant::now());
+        {
+            let mut st = lock(&q.state);
+            st.role.committed(attempts, Instant::now());
+            if change.others_combine {
+                st.role.mark_contended(Instant::now());
+            }
+        }
         tracing::Span::current().record("attempts", change.attempts);
         // After `Ok` the state written (or read) is in `cache`, and only there.
         let result = match (result, cache.as_ref()) {

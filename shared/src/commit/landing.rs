@@ -9,7 +9,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::listing::Listed;
+use tokio::time::Instant;
+
+use super::listing::{Listed, AHEAD_FOR};
 use super::{Committer, Queue};
 use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::{Manifest, SegmentRef};
@@ -43,8 +45,9 @@ pub(super) enum Listing {
     AsListed,
 }
 
-/// What an attempt from `p` lands: a combining batch lists again whenever the state it
-/// listed against moved on (`listed_current` false).
+/// What an attempt from `p` lands: a combining batch lists again whenever its listing is
+/// no longer current for the attempt's state (`listed_current` false: another commit landed
+/// combining writes since, or it is older than [`AHEAD_FOR`]).
 pub(super) fn listing(p: Progress, combining: bool, listed_current: bool) -> Listing {
     let has_own = p.produces || p.intents;
     let own_done =
@@ -64,13 +67,39 @@ pub(super) fn listing(p: Progress, combining: bool, listed_current: bool) -> Lis
 pub(super) struct Landing {
     /// Whether to list and land other processes' writes.
     combining: bool,
-    /// Other processes' combinable segments, listed against manifest version `listed_at`.
+    /// Other processes' combinable segments, listed against the state `listed_at` tells.
     foreign: Vec<SegmentRef>,
     /// Intents listed with them, and the batch's own.
     intents: Vec<Intent>,
     /// The batch's own intents.
     own: Vec<Intent>,
-    listed_at: Option<u64>,
+    listed_at: Option<Against>,
+}
+
+/// The state a listing was filtered against, as far as its worth goes: the ids it was
+/// listed after, and when. A state that differs only by commits that landed no combining
+/// writes (ordinary ones, by a process that does not combine) leaves what it lists
+/// pending, so a retry against it lands what was listed instead of listing again: a LIST
+/// on every attempt made each attempt's read-to-write window two round trips long, and a
+/// process committing every other round trip won every race against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Against {
+    through: String,
+    at: Instant,
+}
+
+impl Against {
+    fn new(state: &Manifest) -> Self {
+        Self {
+            through: state.combined_through.clone(),
+            at: Instant::now(),
+        }
+    }
+
+    /// Whether a listing against this is as good as one against `state`.
+    fn current(&self, state: &Manifest) -> bool {
+        self.through == state.combined_through && self.at.elapsed() < AHEAD_FOR
+    }
 }
 
 impl Landing {
@@ -82,15 +111,15 @@ impl Landing {
         }
     }
 
-    /// A combining landing starting from what a listing against manifest version `at`
-    /// found, with the batch's `own` intents.
-    pub fn listed(listed: Listed, at: u64, own: Vec<Intent>) -> Self {
+    /// A combining landing starting from what a listing against `state` found, with the
+    /// batch's `own` intents.
+    pub fn listed(listed: Listed, state: &Manifest, own: Vec<Intent>) -> Self {
         Self {
             combining: true,
             foreign: listed.segments,
             intents: listed.intents,
             own,
-            listed_at: Some(at),
+            listed_at: Some(Against::new(state)),
         }
     }
 
@@ -152,7 +181,8 @@ impl Landing {
         p: Progress,
         own_segment: Option<&str>,
     ) {
-        match listing(p, self.combining, self.listed_at == Some(state.version)) {
+        let current = self.listed_at.as_ref().is_some_and(|a| a.current(state));
+        match listing(p, self.combining, current) {
             Listing::OwnOnly => {
                 self.foreign.clear();
                 self.intents.clone_from(&self.own);
@@ -172,7 +202,7 @@ impl Landing {
                 return;
             }
         }
-        self.listed_at = Some(state.version);
+        self.listed_at = Some(Against::new(state));
     }
 }
 
@@ -189,6 +219,24 @@ mod tests {
             only_produces: true,
             attempt: 1,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_stays_current_until_combining_writes_land_or_it_ages() {
+        let mut state = Manifest::empty("i");
+        state.combined_through = "0000000000001-a".into();
+        let against = Against::new(&state);
+        // Ordinary commits meanwhile: a new version, the same `combined_through`.
+        state.version += 3;
+        assert!(against.current(&state));
+        tokio::time::advance(AHEAD_FOR - std::time::Duration::from_millis(1)).await;
+        assert!(against.current(&state));
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert!(!against.current(&state), "too old");
+        let fresh = Against::new(&state);
+        // Another process's commit landed combining writes.
+        state.combined_through = "0000000000002-b".into();
+        assert!(!fresh.current(&state));
     }
 
     #[test]
