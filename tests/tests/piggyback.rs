@@ -192,27 +192,33 @@ async fn a_paused_topic_still_takes_acks_and_says_why_nothing_came() {
     s.produce("paused", "a").await;
     s.produce("paused", "b").await;
     let held = s.consume("paused", "").await.unwrap();
-    let r = s
-        .req(Method::PATCH, "/v1/topics/paused")
+    pause_then_ack_with_a_consume(&s, &s, "paused", &held).await;
+    assert_eq!(s.ack("paused", &handle(&held), "").await, StatusCode::GONE);
+}
+
+/// Pauses `topic` through `pauser`, waits out the topic cache's 1 s (other processes see
+/// settings within it), then acks `held` with a consume through `consumer`: the ack lands,
+/// nothing is leased, and the answer says the topic is paused.
+async fn pause_then_ack_with_a_consume(
+    pauser: &Server,
+    consumer: &Server,
+    topic: &str,
+    held: &Value,
+) {
+    let r = pauser
+        .req(Method::PATCH, &format!("/v1/topics/{topic}"))
         .body(json!({"paused": true}).to_string())
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    // Other processes see settings within the topic cache's 1 s.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let r = consume_acking(
-        &s,
-        "paused",
-        "",
-        &json!({"ack": [handle(&held)]}).to_string(),
-    )
-    .await;
+    let body = json!({"ack": [handle(held)]}).to_string();
+    let r = consume_acking(consumer, topic, "", &body).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.headers()["narad-paused"], "true");
     let v: Value = r.json().await.unwrap();
     assert_eq!(v, json!({"messages": [], "acks": [{"status": 204}]}));
-    assert_eq!(s.ack("paused", &handle(&held), "").await, StatusCode::GONE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,29 +228,10 @@ async fn a_pause_made_through_another_process_stops_its_leases_within_the_cache_
     a.create_topic("paused-elsewhere", json!({})).await;
     a.produce("paused-elsewhere", "a").await;
     a.produce("paused-elsewhere", "b").await;
-    // `b` caches the topic as it is now, unpaused.
+    // `b` caches the topic as it is now, unpaused. The settles' longer 10 s must not carry
+    // its lease along: it would deliver from a paused topic.
     let held = b.consume("paused-elsewhere", "").await.unwrap();
-    let r = a
-        .req(Method::PATCH, "/v1/topics/paused-elsewhere")
-        .body(json!({"paused": true}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    // Settings reach other processes within the topic cache's 1 s (the settles' longer
-    // 10 s must not carry the lease along: it would deliver from a paused topic).
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let r = consume_acking(
-        &b,
-        "paused-elsewhere",
-        "",
-        &json!({"ack": [handle(&held)]}).to_string(),
-    )
-    .await;
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.headers()["narad-paused"], "true");
-    let v: Value = r.json().await.unwrap();
-    assert_eq!(v, json!({"messages": [], "acks": [{"status": 204}]}));
+    pause_then_ack_with_a_consume(&a, &b, "paused-elsewhere", &held).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
