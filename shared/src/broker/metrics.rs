@@ -171,7 +171,7 @@ impl Broker {
     }
 
     /// The counters of combining produces across processes (commit/combine.rs).
-    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 7] {
+    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 10] {
         let s = &self.committer.stats;
         [
             (
@@ -191,6 +191,24 @@ impl Broker {
                 "counter",
                 "Waiting produces that committed themselves because nobody else did (combining).",
                 s.takeovers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_switches_total",
+                "counter",
+                "Ordinary batches that lost races and turned to combining.",
+                s.switched.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_looks_total",
+                "counter",
+                "Listings of a process that kept winning at the first try, looking for other processes' combining writes.",
+                s.looks.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_combining_looks_found_total",
+                "counter",
+                "Looks that found other processes' combining writes pending (the partition then counts as contended).",
+                s.looks_found.load(Ordering::Relaxed) as f64,
             ),
             (
                 "narad_combining_sweeps_total",

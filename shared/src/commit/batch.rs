@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
-use super::listing::Listed;
+use super::listing::{others_waiting, Listed};
 use super::ordering::{self, KEY_ROUNDS};
 use super::produces::{combinable, Produces};
 use super::repair::damaged;
@@ -31,7 +31,7 @@ use crate::partition::batch::{self, Applied, Batch, Written};
 use crate::partition::intent::{self, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
 use crate::partition::produce::Plan;
-use crate::partition::Manifest;
+use crate::partition::{Manifest, SegmentRef};
 use crate::store::StoreError;
 
 /// A batch to commit, the callers to answer, and the topic record ETag its producers saw.
@@ -66,6 +66,69 @@ struct BatchCommit<'a> {
     /// and wins), so it never counted the partition as contended while the others waited
     /// on it and lost every race to it, answering 503.
     others_combine: bool,
+    /// Whether this ordinary batch may turn to combining after [`SWITCH_AFTER`] lost
+    /// races ([`Switch`]).
+    may_switch: bool,
+    /// Whether it decided to, in the last `prepare`.
+    switching: bool,
+}
+
+/// Races an ordinary batch that may combine loses before it turns to combining: a process
+/// whose cache stays current wins every race at the first try, a round trip ahead of
+/// every other, so retrying the same way would lose all [`crate::cas::MAX_ATTEMPTS`].
+pub(super) const SWITCH_AFTER: u32 = 2;
+
+/// An ordinary batch gave up its manifest write to go the combining way instead
+/// ([`SWITCH_AFTER`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Switch;
+
+impl From<Switch> for BrokerError {
+    /// Never answered: the batch is committed the combining way instead.
+    fn from(_: Switch) -> Self {
+        BrokerError::Contention
+    }
+}
+
+/// The way [`Committer::run_batch`] commits a batch next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// One CAS of its own (it may switch to combining, [`SWITCH_AFTER`]).
+    Ordinary,
+    /// The combining way.
+    Combine,
+}
+
+/// A batch for [`Committer::commit`] after its combining head ([`Committer::head`]).
+struct ToCommit {
+    work: Work,
+    /// The snapshot to commit from.
+    cache: Option<Snapshot<Manifest>>,
+    /// Whether it still combines (it does not after the manifest was rebuilt).
+    combining: bool,
+    /// What the head wrote and listed (none: listed afresh when combining).
+    head: Option<Ready>,
+}
+
+/// What an ordinary or combining commit lists beside its write.
+enum Listing {
+    /// Nothing.
+    None,
+    /// The committer's listing for its next commit ([`Committer::list_ahead`]), after
+    /// `combined_through`.
+    Ahead(String),
+    /// A look for other processes' combining writes, after this id.
+    Look(String),
+}
+
+/// How [`Committer::commit`] ended.
+pub(super) enum Committed {
+    /// Every caller was answered: the snapshot to cache and how many of other processes'
+    /// writes the commit landed.
+    Done(Option<Snapshot<Manifest>>, usize),
+    /// The batch, unanswered, turned to combining ([`Switch`]), with the combinable
+    /// segment it wrote (if it did) and the plan it was written for.
+    Switched(Work, Option<(SegmentRef, Plan)>),
 }
 
 impl<'a> BatchCommit<'a> {
@@ -77,6 +140,7 @@ impl<'a> BatchCommit<'a> {
         work: Work,
         combining: bool,
         head: Option<Ready>,
+        may_switch: bool,
     ) -> Self {
         let Work {
             mut batch, topic, ..
@@ -111,6 +175,8 @@ impl<'a> BatchCommit<'a> {
             attempts: 0,
             first_through: None,
             others_combine: false,
+            may_switch: may_switch && !combining,
+            switching: false,
         }
     }
 
@@ -153,10 +219,14 @@ impl<'a> BatchCommit<'a> {
 
 impl Change<Manifest> for BatchCommit<'_> {
     type Output = Applied;
-    type Error = Infallible;
+    type Error = Switch;
 
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
         self.attempts += 1;
+        if self.may_switch && self.attempts > SWITCH_AFTER {
+            self.switching = true;
+            return;
+        }
         match &self.first_through {
             None => self.first_through = Some(snap.value.combined_through.clone()),
             Some(first) => self.others_combine |= *first != snap.value.combined_through,
@@ -202,7 +272,10 @@ impl Change<Manifest> for BatchCommit<'_> {
         }
     }
 
-    fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Infallible> {
+    fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Switch> {
+        if self.switching {
+            return Err(Switch);
+        }
         // `prepare` planned against this state already; planning here only if it did not.
         let plan = self.produces.take_plan(&self.batch, m, self.now);
         let d = batch::apply(m, self.now, &self.batch, self.written(&plan));
@@ -262,64 +335,119 @@ impl Committer {
             st.role.contended(Instant::now())
         };
         let held = cache.as_ref().map(|s| &s.value);
-        let mut combining = contended && self.combines(&batch, held);
-        let mut head = None;
-        if combining {
-            match self.combine_head(q, &batch, &topic, cache.take()).await {
-                Ok(Head::Decided(snap, base, own)) => {
-                    replies.answer_decided(&batch, base, &own, &snap.value);
-                    self.wakers.wake(&q.topic);
-                    return Some(snap);
-                }
-                Ok(Head::Commit(h)) => {
-                    cache = Some(h.snap.clone());
-                    head = Some(h);
-                    lock(&q.state).role.become_committer();
-                }
-                Ok(Head::Direct(snap)) => cache = snap,
-                Ok(Head::Corrupt(own)) => {
-                    let repaired = match self.self_repair(q, &batch.rules).await {
-                        true => self.read_manifest(q).await,
-                        false => Err(BrokerError::Corrupt(q.key.clone())),
+        let combining = contended && self.combines(&batch, held);
+        let mut work = Work {
+            batch,
+            replies,
+            topic,
+        };
+        let mut next = match combining {
+            true => Next::Combine,
+            false => Next::Ordinary,
+        };
+        let mut written = None;
+        loop {
+            let (c, combining, head) = match next {
+                Next::Ordinary => (cache, false, None),
+                Next::Combine => {
+                    let Some(to) = self.head(q, work, &mut cache, written.take()).await else {
+                        return cache;
                     };
-                    match repaired {
-                        Ok(snap) => {
-                            cache = Some(snap.clone());
-                            head = Some(Ready {
-                                own,
-                                listed: Listed::default(),
-                                snap,
-                            });
-                        }
-                        Err(e) => {
-                            replies.fail(&e);
-                            return None;
-                        }
-                    }
+                    work = to.work;
+                    (to.cache, to.combining, to.head)
                 }
-                // The manifest was rebuilt: commit directly, from a fresh read.
-                Err(BrokerError::Corrupt(_) | BrokerError::Store(StoreError::Corrupt(_)))
-                    if self.self_repair(q, &batch.rules).await =>
-                {
-                    combining = false
-                }
-                Err(e) => {
-                    replies.fail(&e);
-                    return None;
+            };
+            let may_switch = next == Next::Ordinary;
+            match self.commit(q, work, c, combining, head, may_switch).await {
+                Committed::Done(snap, _) => return snap,
+                Committed::Switched(w, segment) => {
+                    lock(&q.state).role.mark_contended(Instant::now());
+                    self.stats.switched.fetch_add(1, Ordering::Relaxed);
+                    (work, cache, next, written) = (w, None, Next::Combine, segment);
                 }
             }
         }
+    }
+
+    /// Steps 1 to 3 of the combining way ([`super::combine`]) for `work` (whose segment
+    /// is `written` already, when it switched), from `cache`: what to commit, or `None`
+    /// when every caller was answered (another process's commit decided the batch, or it
+    /// failed), with the snapshot to keep in `cache`.
+    async fn head(
+        &self,
+        q: &Queue,
+        work: Work,
+        cache: &mut Option<Snapshot<Manifest>>,
+        written: Option<(SegmentRef, Plan)>,
+    ) -> Option<ToCommit> {
+        let Work {
+            batch,
+            replies,
+            topic,
+        } = work;
+        let headed = self.combine_head(q, (&batch, &topic), cache.take(), written);
+        let (snap, combining, head) = match headed.await {
+            Ok(Head::Decided(snap, base, own)) => {
+                replies.answer_decided(&batch, base, &own, &snap.value);
+                self.wakers.wake(&q.topic);
+                *cache = Some(snap);
+                return None;
+            }
+            Ok(Head::Commit(h)) => {
+                lock(&q.state).role.become_committer();
+                (Some(h.snap.clone()), true, Some(h))
+            }
+            Ok(Head::Direct(snap)) => (snap, true, None),
+            Ok(Head::Corrupt(own)) => {
+                let repaired = match self.self_repair(q, &batch.rules).await {
+                    true => self.read_manifest(q).await,
+                    false => Err(BrokerError::Corrupt(q.key.clone())),
+                };
+                match repaired {
+                    Ok(snap) => {
+                        let head = Ready {
+                            own,
+                            listed: Listed::default(),
+                            snap: snap.clone(),
+                        };
+                        (Some(snap), true, Some(head))
+                    }
+                    Err(e) => {
+                        replies.fail(&e);
+                        return None;
+                    }
+                }
+            }
+            // The manifest was rebuilt: commit directly, from a fresh read.
+            Err(BrokerError::Corrupt(_) | BrokerError::Store(StoreError::Corrupt(_)))
+                if self.self_repair(q, &batch.rules).await =>
+            {
+                (None, false, None)
+            }
+            Err(e) => {
+                replies.fail(&e);
+                return None;
+            }
+        };
         let work = Work {
             batch,
             replies,
             topic,
         };
-        self.commit(q, work, cache, combining, head).await.0
+        Some(ToCommit {
+            work,
+            cache: snap,
+            combining,
+            head,
+        })
     }
 
     /// Commits `work` from `cache`, landing other processes' combinable segments and
-    /// intents too when `combining` (those listed in `head`, or listed afresh). Returns
-    /// the snapshot to cache and how many of other processes' writes landed.
+    /// intents too when `combining` (those listed in `head`, or listed afresh). An
+    /// ordinary batch that `may_switch` and could combine turns to combining after
+    /// [`SWITCH_AFTER`] lost races, and an ordinary batch of a process that keeps winning
+    /// at the first try looks for other processes' combining writes beside its write
+    /// ([`super::role::Role::look_due`]).
     pub(super) async fn commit(
         &self,
         q: &Queue,
@@ -327,9 +455,12 @@ impl Committer {
         mut cache: Option<Snapshot<Manifest>>,
         combining: bool,
         head: Option<Ready>,
-    ) -> (Option<Snapshot<Manifest>>, usize) {
+        may_switch: bool,
+    ) -> Committed {
         let replies = std::mem::take(&mut work.replies);
-        let mut change = BatchCommit::new(self, q, work, combining, head);
+        let held = cache.as_ref().map(|s| &s.value);
+        let may_switch = may_switch && self.combines(&work.batch, held);
+        let mut change = BatchCommit::new(self, q, work, combining, head, may_switch);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         // A cache that was out of date last time probably is again (requests of one
         // client rotating over processes): confirm it first, a conditional GET, rather
@@ -344,12 +475,16 @@ impl Committer {
             }
             _ => Confirmed::No,
         };
-        // The committer lists again beside its CAS, for the next sweep or batch.
-        let ahead = match (combining, &cache) {
+        // The committer lists again beside its CAS, for the next sweep or batch; an
+        // ordinary batch may look for other processes' combining writes.
+        let listing = match (combining, &cache) {
             (true, Some(snap)) if lock(&q.state).role.is_committer() => {
-                Some(snap.value.combined_through.clone())
+                Listing::Ahead(snap.value.combined_through.clone())
             }
-            _ => None,
+            (false, Some(snap)) if lock(&q.state).role.look_due(Instant::now()) => {
+                Listing::Look(self.look_after(&snap.value))
+            }
+            _ => Listing::None,
         };
         let write = async {
             let mut result = cell.update_in(&mut cache, &mut change).await;
@@ -362,11 +497,16 @@ impl Committer {
             result
         };
         let list = async {
-            if let Some(after) = &ahead {
-                self.list_ahead(q, after).await;
+            match &listing {
+                Listing::Ahead(after) => {
+                    self.list_ahead(q, after).await;
+                    None
+                }
+                Listing::Look(after) => Some((Instant::now(), self.list_after(q, after).await)),
+                Listing::None => None,
             }
         };
-        let (result, ()) = futures::join!(write, list);
+        let (result, looked) = futures::join!(write, list);
         let attempts = Attempts {
             tries: change.attempts,
             confirmed,
@@ -377,6 +517,16 @@ impl Committer {
             st.role.committed(attempts, Instant::now());
             if change.others_combine {
                 st.role.mark_contended(Instant::now());
+            }
+        }
+        if let Some((at, listed)) = looked {
+            let others = cache
+                .as_ref()
+                .is_some_and(|s| others_waiting(&listed, &s.value, self.clock.now_ms()));
+            lock(&q.state).role.looked(others, at);
+            self.stats.looks.fetch_add(1, Ordering::Relaxed);
+            if others {
+                self.stats.looks_found.fetch_add(1, Ordering::Relaxed);
             }
         }
         tracing::Span::current().record("attempts", change.attempts);
@@ -391,7 +541,17 @@ impl Committer {
         match result {
             Ok((applied, snap)) => {
                 let landed = self.finish(&change, replies, applied, &snap.value).await;
-                (cache, landed)
+                Committed::Done(cache, landed)
+            }
+            Err(crate::cas::CasError::Rejected(Switch)) => {
+                let written = change.produces.take_written();
+                let BatchCommit { batch, topic, .. } = change;
+                let work = Work {
+                    batch,
+                    replies,
+                    topic,
+                };
+                Committed::Switched(work, written)
             }
             Err(e) => {
                 if matches!(e, crate::cas::CasError::Contention) {
@@ -401,7 +561,7 @@ impl Committer {
                     );
                 }
                 replies.fail(&BrokerError::from(e));
-                (None, 0)
+                Committed::Done(None, 0)
             }
         }
     }

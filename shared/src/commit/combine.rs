@@ -154,9 +154,9 @@ impl Committer {
     pub(super) async fn combine_head(
         &self,
         q: &Queue,
-        batch: &Batch,
-        topic: &TopicSeen,
+        (batch, topic): (&Batch, &TopicSeen),
         cache: Option<Snapshot<Manifest>>,
+        written: Option<(SegmentRef, Plan)>,
     ) -> BrokerResult<Head> {
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let mut snap = match cache {
@@ -171,7 +171,7 @@ impl Committer {
         // leases go into that commit as they are, and need no intents.
         let committer = lock(&q.state).role.is_committer();
         let mut own = self
-            .write_own(q, batch, topic, &snap.value, !committer)
+            .write_own(q, (batch, topic), &snap.value, !committer, written)
             .await?;
         // The committer lands what it listed beside its last commit, unless the batch has
         // produces: its own segment, the newest id, would pass over every segment still in
@@ -263,20 +263,24 @@ impl Committer {
         Ok(Waited::TakeOver(None))
     }
 
-    /// Writes `batch`'s segment (when it has produces) and, with `intents`, its intents at
-    /// once, above [`Manifest::ids_above`] of `state`.
+    /// Writes `batch`'s segment (when it has produces, and unless it is `written`
+    /// already) and, with `intents`, its intents at once, above [`Manifest::ids_above`]
+    /// of `state`.
     async fn write_own(
         &self,
         q: &Queue,
-        batch: &Batch,
-        topic: &TopicSeen,
+        (batch, topic): (&Batch, &TopicSeen),
         state: &Manifest,
         intents: bool,
+        written: Option<(SegmentRef, Plan)>,
     ) -> BrokerResult<Own> {
         let after = state.ids_above();
         let segment = async {
             if batch.produces.is_empty() {
                 return Ok(None);
+            }
+            if written.is_some() {
+                return Ok(written);
             }
             let plan = Plan::new(&batch.produces, state, self.clock.now_ms(), &|_| None);
             let messages = plan.new_messages(&batch.produces);

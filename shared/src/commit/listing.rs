@@ -27,6 +27,9 @@ pub(crate) struct Listed {
     pub intents: Vec<Intent>,
 }
 
+/// How far back a look lists ([`Committer::look_after`]).
+pub(super) const LOOK_BACK_MS: u64 = 2 * super::combine::ABANDON_MS;
+
 /// The oldest a listing made ahead may be when a sweep or batch takes it: older than that,
 /// listing again finds more for the same request.
 pub(super) const AHEAD_FOR: Duration = Duration::from_millis(500);
@@ -113,6 +116,14 @@ impl Committer {
         });
     }
 
+    /// Where a look ([`super::role::Role::look_due`]) lists from in `state`: above what
+    /// the manifest decided, and no further back than [`LOOK_BACK_MS`] (a combining
+    /// write older than that has its writer taking over already).
+    pub(super) fn look_after(&self, state: &Manifest) -> String {
+        let floor = keys::segment_id(self.clock.now_ms().saturating_sub(LOOK_BACK_MS), "");
+        state.ids_above().max(floor.as_str()).to_owned()
+    }
+
     /// What the listing made ahead ([`Self::list_ahead`]) found still pending in `state`,
     /// if one was made within [`AHEAD_FOR`]; it is used once.
     pub(super) fn take_ahead(&self, q: &Queue, state: &Manifest) -> Option<Listed> {
@@ -163,6 +174,30 @@ impl Committer {
     }
 }
 
+/// Whether a look's listing shows other processes waiting for a combining commit at `now`:
+/// a combinable segment or intent written within [`LOOK_BACK_MS`] that `state` (the
+/// manifest after the look's own commit) has not decided. Those that commit passed over
+/// count too: an ordinary commit lands its own segment above them, so their writers
+/// write them again and wait once more.
+pub(super) fn others_waiting(listed: &Listed, state: &Manifest, now: u64) -> bool {
+    let recent = |written: u64| now.saturating_sub(written) <= LOOK_BACK_MS;
+    let segment = listed.segments.iter().any(|s| {
+        recent(s.last_produced_ms)
+            && matches!(
+                combine::status(state, &s.id),
+                Status::Pending | Status::Dead
+            )
+    });
+    segment
+        || listed.intents.iter().any(|i| {
+            recent(i.written_ms)
+                && matches!(
+                    intent::status(state, &i.id),
+                    IntentStatus::Pending | IntentStatus::Dead
+                )
+        })
+}
+
 /// The index refs of `refs` that can hold a segment written at `written_ms` (their newest
 /// message is no older), oldest first.
 fn candidates(refs: &[IndexRef], written_ms: u64) -> Vec<IndexRef> {
@@ -189,6 +224,39 @@ mod tests {
             last_produced_ms: last_ms,
             bytes: 0,
         }
+    }
+
+    #[test]
+    fn a_look_counts_recent_writes_the_manifest_has_not_decided() {
+        let seg = |at: u64, u: &str| {
+            Combinable::parse(&Combinable::id(at, "", u, 1, 1)).map(|c| c.to_ref())
+        };
+        let (old, mine, passed, waiting) = (
+            seg(1_000, "old").unwrap(),
+            seg(9_000, "mine").unwrap(),
+            seg(9_100, "passed").unwrap(),
+            seg(9_500, "waiting").unwrap(),
+        );
+        let mut m = Manifest::empty("i1");
+        let now = 10_000;
+        let look = |segments: Vec<SegmentRef>, m: &Manifest| {
+            let listed = Listed {
+                segments,
+                intents: Vec::new(),
+            };
+            others_waiting(&listed, m, now)
+        };
+        assert!(!look(vec![old.clone()], &m), "written before the look-back");
+        assert!(look(vec![waiting.clone()], &m), "pending");
+        combine::land(&mut m, std::slice::from_ref(&mine));
+        assert!(!look(vec![mine.clone()], &m), "landed: decided");
+        // This process's own commit lands a later segment: the one it passed over is dead,
+        // and its writer waits again.
+        let mut later = m.clone();
+        let above = seg(9_200, "above").unwrap();
+        combine::land(&mut later, std::slice::from_ref(&above));
+        assert!(look(vec![passed], &later), "passed over");
+        assert!(look(vec![mine, waiting], &later));
     }
 
     #[test]

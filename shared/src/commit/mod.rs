@@ -234,6 +234,12 @@ pub struct CommitStats {
     pub takeovers: AtomicU64,
     /// Sweeps that landed other processes' segments or intents.
     pub sweeps: AtomicU64,
+    /// Ordinary batches that lost races and turned to combining.
+    pub switched: AtomicU64,
+    /// Looks for other processes' combining writes ([`role::Role::look_due`]).
+    pub looks: AtomicU64,
+    /// Looks that found some pending.
+    pub looks_found: AtomicU64,
     /// Settles and lease requests written as intents.
     pub intents: AtomicU64,
     /// Intents of this process another process's commit applied.

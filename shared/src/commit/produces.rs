@@ -56,6 +56,15 @@ impl Produces {
         }
     }
 
+    /// The segment written and the plan it was written for, taken away: a batch that
+    /// turns to combining ([`super::batch::Switch`]) waits for that segment to land rather
+    /// than write its messages again (any process's combining commit may land it already).
+    pub fn take_written(&mut self) -> Option<(SegmentRef, Plan)> {
+        let segment = self.segment.take()?;
+        let plan = self.written_for.take()?;
+        Some((segment, plan))
+    }
+
     /// The segment this attempt commits, if any.
     pub fn segment(&self) -> Option<&SegmentRef> {
         self.segment.as_ref()

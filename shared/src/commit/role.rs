@@ -23,6 +23,15 @@ pub(super) const MAX_SWEEPS: u32 = 256;
 /// with few writers the next segment is often a round trip away.
 pub(super) const IDLE_SWEEPS: u32 = 3;
 
+/// How often at most a process that keeps winning its manifest writes at the first try
+/// looks for other processes' combining writes ([`Role::look_due`]).
+pub(super) const LOOK_EVERY: Duration = Duration::from_millis(500);
+
+/// First-try commits in a row after which a process looks ([`Role::look_due`]): a lone
+/// client whose requests rotate over processes never makes them (its cache is always out
+/// of date), so it never pays the listing.
+pub(super) const LOOK_AFTER: u32 = 4;
+
 /// Whether a batch confirmed its cached snapshot with a conditional GET before writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Confirmed {
@@ -88,6 +97,10 @@ pub(super) struct Role {
     idle_sweeps: u32,
     /// The rules and topic ETag sweeps commit under (those of the last batch).
     sweep_with: Option<(Rules, ETag)>,
+    /// Commits in a row that landed at the first try on a cache not confirmed first.
+    first_tries: u32,
+    /// When this process last looked for other processes' combining writes.
+    looked_at: Option<Instant>,
 }
 
 impl Role {
@@ -152,9 +165,37 @@ impl Role {
         self.sweeping &= self.idle_sweeps <= IDLE_SWEEPS;
     }
 
+    /// Whether an ordinary commit starting at `now` should list the partition beside its
+    /// write, looking for other processes' combining writes.
+    ///
+    /// A process whose cache stays current wins every race at the first try, so it never
+    /// sees a sign of the others, while theirs lose every race to it: its write goes out
+    /// a round trip before theirs can, every time. They turn to combining (a batch that
+    /// lost two races does), and this look is how it learns of them: at most every
+    /// [`LOOK_EVERY`], after [`LOOK_AFTER`] first-try commits in a row.
+    pub fn look_due(&self, now: Instant) -> bool {
+        self.first_tries >= LOOK_AFTER
+            && self
+                .looked_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= LOOK_EVERY)
+    }
+
+    /// A look started at `now`; `others` when it found other processes' writes pending
+    /// (the partition is contended).
+    pub fn looked(&mut self, others: bool, now: Instant) {
+        self.looked_at = Some(now);
+        if others {
+            self.mark_contended(now);
+        }
+    }
+
     /// A batch's (or sweep's) manifest write ended at `now` after `a`.
     pub fn committed(&mut self, a: Attempts, now: Instant) {
         self.stale_cache = a.found_stale();
+        self.first_tries = match a.tries == 1 && a.confirmed == Confirmed::No && a.callers {
+            true => self.first_tries.saturating_add(1),
+            false => 0,
+        };
         if a.raced() {
             self.mark_contended(now);
         }
@@ -254,6 +295,35 @@ mod tests {
             r.is_committer(),
             "a batch with callers that retried keeps the role"
         );
+    }
+
+    #[test]
+    fn a_process_that_keeps_winning_at_the_first_try_looks_now_and_then() {
+        let t0 = Instant::now();
+        let mut r = Role::default();
+        for _ in 0..LOOK_AFTER - 1 {
+            r.committed(tried(1, false, true), t0);
+        }
+        assert!(!r.look_due(t0), "too few first-try commits in a row");
+        r.committed(tried(1, false, true), t0);
+        assert!(r.look_due(t0));
+        r.looked(false, t0);
+        assert!(!r.look_due(t0 + LOOK_EVERY / 2) && !r.contended(t0));
+        assert!(r.look_due(t0 + LOOK_EVERY));
+        r.looked(true, t0 + LOOK_EVERY);
+        assert!(r.contended(t0 + LOOK_EVERY));
+        // A cache out of date (requests rotating over processes) ends the run: no look.
+        r.committed(tried(2, false, true), t0);
+        assert!(!r.look_due(t0 + LOOK_EVERY * 4));
+        let rotating = Attempts {
+            tries: 1,
+            confirmed: Confirmed::Changed,
+            callers: true,
+        };
+        for _ in 0..LOOK_AFTER * 2 {
+            r.committed(rotating, t0);
+        }
+        assert!(!r.look_due(t0 + LOOK_EVERY * 4));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::batch::Work;
+use super::batch::{Committed, Work};
 use super::combine::{Own, Ready};
 use super::replies::Replies;
 use super::{lock, Committer, Queue, TopicSeen};
@@ -44,7 +44,12 @@ impl Committer {
             replies: Replies::default(),
             topic: TopicSeen { etag, fresh: false },
         };
-        let (cache, landed) = self.commit(q, work, Some(snap), true, Some(ready)).await;
+        let committed = self.commit(q, work, Some(snap), true, Some(ready), false);
+        let (cache, landed) = match committed.await {
+            Committed::Done(cache, landed) => (cache, landed),
+            // A combining commit never switches.
+            Committed::Switched(..) => (None, 0),
+        };
         if landed > 0 {
             self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
         }

@@ -350,3 +350,93 @@ async fn settles_queued_with_a_lease_commit_with_it_and_free_its_place() {
     assert_eq!(m.frontier, g.offset + 1);
     assert!(m.leases.contains_key(&(g.offset + 1)));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_ordinary_batch_that_keeps_losing_races_turns_to_combining() {
+    let w = world().await;
+    let plan = FaultPlan {
+        error_before: 0.0,
+        error_after: 0.0,
+        conflict: 1.0,
+        max_latency: Duration::ZERO,
+    };
+    let a_store = FaultStore::new(w.store.clone(), plan, 7);
+    a_store.set_enabled(false);
+    let (a, b) = (process(&w, a_store.clone()), process(&w, w.store.clone()));
+    assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
+    assert_eq!(b.produce(&w.topic, 0, message(&w)).await.unwrap(), [1]);
+
+    // Not contended: a's next batch goes the ordinary way, and every manifest write of
+    // a's meets another writer's (as a process a round trip behind the winner's does).
+    a_store.set_enabled(true);
+    let before = segment_ids(&w).await;
+    let producing = tokio::spawn({
+        let (a, topic, m) = (a.clone(), w.topic.clone(), message(&w));
+        async move { a.produce(&topic, 0, m).await }
+    });
+    // Sleeping, not yielding: the paused clock moves only while every task waits, and
+    // the losing batch backs off between its attempts.
+    for _ in 0..10_000 {
+        if a.stats.switched.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(a.stats.switched.load(Ordering::Relaxed), 1, "it switched");
+    written(&w, &before, |id| Combinable::parse(id).is_some()).await;
+    let new: Vec<String> = segment_ids(&w)
+        .await
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
+    assert_eq!(
+        new.len(),
+        1,
+        "the ordinary segment was deleted first: {new:?}"
+    );
+
+    lock(&idle_queue(&b, &w.topic).await.state)
+        .role
+        .become_committer();
+    assert!(
+        sweep(&b, &w.topic).await,
+        "the sweep lands the switched batch"
+    );
+    assert_eq!(producing.await.unwrap().unwrap(), [2]);
+    assert_eq!(a.stats.landed_by_others.load(Ordering::Relaxed), 1);
+    assert_eq!(manifest(&w).await.next_offset, 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_process_that_keeps_winning_looks_and_finds_the_others_waiting() {
+    let w = world().await;
+    let a = process(&w, w.store.clone());
+    for i in 0..super::role::LOOK_AFTER {
+        assert_eq!(
+            a.produce(&w.topic, 0, message(&w)).await.unwrap(),
+            [u64::from(i)]
+        );
+    }
+    let q = idle_queue(&a, &w.topic).await;
+    assert!(!lock(&q.state).role.contended(Instant::now()));
+    // Another process waits for a combining commit.
+    let state = lock(&q.state).cache.clone().unwrap().value;
+    let theirs = Combinable::tagged_id(
+        w.clock.now_ms(),
+        state.ids_above(),
+        "u1",
+        (1, 1),
+        &combine::tag("inc-1"),
+    );
+    put_empty(&w, &[&theirs]).await;
+    w.clock.advance(5);
+
+    a.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let q = idle_queue(&a, &w.topic).await;
+    assert_eq!(a.stats.looks.load(Ordering::Relaxed), 1);
+    assert_eq!(a.stats.looks_found.load(Ordering::Relaxed), 1);
+    assert!(
+        lock(&q.state).role.contended(Instant::now()),
+        "its next batch combines, landing the other's"
+    );
+}
