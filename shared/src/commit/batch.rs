@@ -58,14 +58,6 @@ struct BatchCommit<'a> {
     wrote: bool,
     /// Attempts so far (more than one: another process wrote meanwhile).
     attempts: u32,
-    /// `combined_through` of the state its first attempt started from.
-    first_through: Option<String>,
-    /// A later attempt started from a state in which another process's commit had landed
-    /// combining writes: other processes combine on the partition, so this one should
-    /// too. A process whose cache is current loses at most one race per batch (it re-reads
-    /// and wins), so it never counted the partition as contended while the others waited
-    /// on it and lost every race to it, answering 503.
-    others_combine: bool,
     /// Whether this ordinary batch may turn to combining after [`SWITCH_AFTER`] lost
     /// races ([`Switch`]).
     may_switch: bool,
@@ -173,8 +165,6 @@ impl<'a> BatchCommit<'a> {
             keys: std::mem::take(&mut lock(&q.state).keys),
             wrote: false,
             attempts: 0,
-            first_through: None,
-            others_combine: false,
             may_switch: may_switch && !combining,
             switching: false,
         }
@@ -223,13 +213,12 @@ impl Change<Manifest> for BatchCommit<'_> {
 
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
         self.attempts += 1;
-        if self.may_switch && self.attempts > SWITCH_AFTER {
+        // Never after a segment write that failed: it may have landed in the store all the
+        // same, and a combining commit could land it beside the copy the combining way
+        // writes (the ordinary way answers its produces 503 instead: outcome unknown).
+        if self.may_switch && self.attempts > SWITCH_AFTER && self.produces.refused().is_none() {
             self.switching = true;
             return;
-        }
-        match &self.first_through {
-            None => self.first_through = Some(snap.value.combined_through.clone()),
-            Some(first) => self.others_combine |= *first != snap.value.combined_through,
         }
         let (c, q, state) = (self.committer, self.q, &snap.value);
         let work = (&self.batch, &self.topic);
@@ -515,9 +504,6 @@ impl Committer {
         {
             let mut st = lock(&q.state);
             st.role.committed(attempts, Instant::now());
-            if change.others_combine {
-                st.role.mark_contended(Instant::now());
-            }
         }
         if let Some((at, listed)) = looked {
             let others = cache

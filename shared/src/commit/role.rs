@@ -27,10 +27,14 @@ pub(super) const IDLE_SWEEPS: u32 = 3;
 /// looks for other processes' combining writes ([`Role::look_due`]).
 pub(super) const LOOK_EVERY: Duration = Duration::from_millis(500);
 
-/// First-try commits in a row after which a process looks ([`Role::look_due`]): a lone
-/// client whose requests rotate over processes never makes them (its cache is always out
-/// of date), so it never pays the listing.
+/// Commits in a row, none a race lost and each within [`LOOK_GAP`] of the one before,
+/// after which a process looks ([`Role::look_due`]).
 pub(super) const LOOK_AFTER: u32 = 4;
+
+/// The longest gap between two commits of such a run. A lone client whose requests rotate
+/// over processes reaches each only every few hundred milliseconds, so its processes never
+/// make such runs and never pay the listing.
+pub(super) const LOOK_GAP: Duration = Duration::from_millis(200);
 
 /// Whether a batch confirmed its cached snapshot with a conditional GET before writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +101,9 @@ pub(super) struct Role {
     idle_sweeps: u32,
     /// The rules and topic ETag sweeps commit under (those of the last batch).
     sweep_with: Option<(Rules, ETag)>,
-    /// Commits in a row that landed at the first try on a cache not confirmed first.
-    first_tries: u32,
+    /// Commits in a row of a run that may look ([`LOOK_AFTER`]), and when the last ended.
+    run: u32,
+    last_commit: Option<Instant>,
     /// When this process last looked for other processes' combining writes.
     looked_at: Option<Instant>,
 }
@@ -168,13 +173,13 @@ impl Role {
     /// Whether an ordinary commit starting at `now` should list the partition beside its
     /// write, looking for other processes' combining writes.
     ///
-    /// A process whose cache stays current wins every race at the first try, so it never
-    /// sees a sign of the others, while theirs lose every race to it: its write goes out
-    /// a round trip before theirs can, every time. They turn to combining (a batch that
-    /// lost two races does), and this look is how it learns of them: at most every
-    /// [`LOOK_EVERY`], after [`LOOK_AFTER`] first-try commits in a row.
+    /// A process that commits back to back wins every race (or loses one to a stale
+    /// cache), so it never sees a sign of the others, while theirs lose every race to it:
+    /// its write goes out a round trip before theirs can, every time. They turn to
+    /// combining (a batch that lost two races does), and this look is how it learns of
+    /// them: at most every [`LOOK_EVERY`], after [`LOOK_AFTER`] commits in a row.
     pub fn look_due(&self, now: Instant) -> bool {
-        self.first_tries >= LOOK_AFTER
+        self.run >= LOOK_AFTER
             && self
                 .looked_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= LOOK_EVERY)
@@ -192,10 +197,15 @@ impl Role {
     /// A batch's (or sweep's) manifest write ended at `now` after `a`.
     pub fn committed(&mut self, a: Attempts, now: Instant) {
         self.stale_cache = a.found_stale();
-        self.first_tries = match a.tries == 1 && a.confirmed == Confirmed::No && a.callers {
-            true => self.first_tries.saturating_add(1),
-            false => 0,
+        let close = self
+            .last_commit
+            .is_some_and(|t| now.saturating_duration_since(t) <= LOOK_GAP);
+        self.run = match (a.callers && !a.raced(), close) {
+            (false, _) => 0,
+            (true, true) => self.run.saturating_add(1),
+            (true, false) => 1,
         };
+        self.last_commit = Some(now);
         if a.raced() {
             self.mark_contended(now);
         }
@@ -298,32 +308,44 @@ mod tests {
     }
 
     #[test]
-    fn a_process_that_keeps_winning_at_the_first_try_looks_now_and_then() {
+    fn a_process_that_commits_back_to_back_looks_now_and_then() {
         let t0 = Instant::now();
+        let step = LOOK_GAP / 2;
         let mut r = Role::default();
+        let mut t = t0;
         for _ in 0..LOOK_AFTER - 1 {
-            r.committed(tried(1, false, true), t0);
+            t += step;
+            r.committed(tried(1, false, true), t);
         }
-        assert!(!r.look_due(t0), "too few first-try commits in a row");
-        r.committed(tried(1, false, true), t0);
-        assert!(r.look_due(t0));
-        r.looked(false, t0);
-        assert!(!r.look_due(t0 + LOOK_EVERY / 2) && !r.contended(t0));
-        assert!(r.look_due(t0 + LOOK_EVERY));
-        r.looked(true, t0 + LOOK_EVERY);
-        assert!(r.contended(t0 + LOOK_EVERY));
-        // A cache out of date (requests rotating over processes) ends the run: no look.
-        r.committed(tried(2, false, true), t0);
-        assert!(!r.look_due(t0 + LOOK_EVERY * 4));
-        let rotating = Attempts {
+        assert!(!r.look_due(t), "too few commits in a row");
+        t += step;
+        r.committed(tried(1, false, true), t);
+        assert!(r.look_due(t));
+        r.looked(false, t);
+        assert!(!r.look_due(t + LOOK_EVERY / 2) && !r.contended(t));
+        assert!(r.look_due(t + LOOK_EVERY));
+        r.looked(true, t + LOOK_EVERY);
+        assert!(r.contended(t + LOOK_EVERY));
+        // Confirmed first and found changed (another writer between two of its commits)
+        // still counts: a winner alternating a confirmation and a write looks too.
+        let mut r = Role::default();
+        let changed = Attempts {
             tries: 1,
             confirmed: Confirmed::Changed,
             callers: true,
         };
-        for _ in 0..LOOK_AFTER * 2 {
-            r.committed(rotating, t0);
+        for _ in 0..LOOK_AFTER {
+            t += step;
+            r.committed(changed, t);
         }
-        assert!(!r.look_due(t0 + LOOK_EVERY * 4));
+        assert!(r.look_due(t));
+        // A lone client rotating over processes reaches each only now and then: no run.
+        let mut r = Role::default();
+        for _ in 0..LOOK_AFTER * 4 {
+            t += LOOK_GAP * 3;
+            r.committed(changed, t);
+        }
+        assert!(!r.look_due(t));
     }
 
     #[test]
