@@ -103,7 +103,7 @@ impl Committer {
     /// Where this batch's own writes stand in `state` (see [`fate`]).
     async fn own_fate(&self, q: &Queue, state: &Manifest, own: &Own) -> Fate {
         let segment = match &own.segment {
-            Some((seg, _)) => Some(self.segment_status(q, state, &seg.id).await),
+            Some((seg, _)) => Some(self.segment_status(q, state, seg).await),
             None => None,
         };
         let intents: Vec<IntentStatus> = own

@@ -131,14 +131,20 @@ impl Committer {
         (ahead.at.elapsed() < AHEAD_FOR).then(|| self.still_pending(q, ahead.listed, state))
     }
 
-    /// The fate of this process's combinable segment `id` in `state`: as
+    /// The fate of this process's combinable segment `seg` in `state`: as
     /// [`combine::status`], except that a segment the manifest no longer remembers is
     /// looked for in the index objects that can hold it (their newest message is no older
     /// than the segment), the oldest of those first: segments land in about the order they
     /// are written, so that is where a segment that landed long ago is (a writer whose own
     /// conditional write took seconds on SeaweedFS's lock, say, while dozens landed after
     /// it). At most [`FOLDED_LOOKUP`] index objects are read.
-    pub(super) async fn segment_status(&self, q: &Queue, state: &Manifest, id: &str) -> Status {
+    pub(super) async fn segment_status(
+        &self,
+        q: &Queue,
+        state: &Manifest,
+        seg: &SegmentRef,
+    ) -> Status {
+        let id = seg.id.as_str();
         let status = combine::status(state, id);
         if status != Status::Unknown {
             return status;
@@ -146,7 +152,10 @@ impl Committer {
         let Some(written) = Combinable::parse(id).map(|c| c.written_ms) else {
             return status;
         };
-        let mut refs = candidates(&state.indexes, written);
+        // Landed by a combining commit, the segment's ref carries its id's time; landed
+        // by its own writer, its messages' produce time, which is earlier.
+        let newest = written.min(seg.last_produced_ms);
+        let mut refs = candidates(&state.indexes, newest);
         let mut read = 0;
         while !refs.is_empty() && read < FOLDED_LOOKUP {
             let r = refs.remove(0);
@@ -165,7 +174,7 @@ impl Committer {
                 }
                 // A higher level: the children that can hold it come next.
                 Some(Entries::Indexes(children)) => {
-                    refs.splice(0..0, candidates(children, written));
+                    refs.splice(0..0, candidates(children, newest));
                 }
                 None => {}
             }

@@ -160,7 +160,7 @@ impl Produces {
             return false;
         }
         self.found_at = None;
-        match c.segment_status(q, state, &seg.id).await {
+        match c.segment_status(q, state, seg).await {
             Status::Dead => (self.segment, self.written_for) = (None, None),
             // Landed, and no longer in the manifest's own memory: apply cannot tell.
             Status::Landed(base) if combine::status(state, &seg.id) == Status::Unknown => {

@@ -440,3 +440,48 @@ async fn a_process_that_keeps_winning_looks_and_finds_the_others_waiting() {
         "its next batch combines, landing the other's"
     );
 }
+
+/// A combinable segment its own writer landed carries its messages' produce time, earlier
+/// than its id's time. Once the manifest no longer remembers it and it is the newest
+/// segment of the index it was folded into, the lookup still finds it there (it once
+/// skipped that index and answered 503, "fate can no longer be told").
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_segment_its_writer_landed_is_found_in_the_index_it_was_folded_into() {
+    use crate::partition::combine::Status;
+    use crate::partition::index::{Entries, Index, IndexRef, INDEX_FORMAT};
+    use crate::partition::SegmentRef;
+
+    let w = world().await;
+    let (b, q, mut state) = one_message(&w).await;
+    let produced = w.clock.now_ms();
+    let seg = SegmentRef {
+        id: Combinable::id(produced + 300, "", "own", 1, 1),
+        base_offset: 7,
+        count: 1,
+        last_produced_ms: produced,
+        bytes: 1,
+    };
+    let index = Index {
+        format: INDEX_FORMAT,
+        entries: Entries::Segments(vec![seg.clone()]),
+    };
+    let index_id = keys::segment_id(produced + 400, "");
+    w.store
+        .put_if_absent(&keys::index("t", 0, &index_id), index.encode().unwrap())
+        .await
+        .unwrap();
+    state.indexes.push(IndexRef {
+        id: index_id,
+        level: 0,
+        base_offset: 7,
+        end_offset: 8,
+        segments: 1,
+        last_produced_ms: produced,
+        bytes: 1,
+    });
+    // Many landed after it: the manifest's own memory has moved past it.
+    let later = Combinable::id(produced + 5_000, "", "later", 1, 1);
+    (state.landed_floor, state.combined_through) = (later.clone(), later);
+    assert_eq!(combine::status(&state, &seg.id), Status::Unknown);
+    assert_eq!(b.segment_status(&q, &state, &seg).await, Status::Landed(7));
+}
