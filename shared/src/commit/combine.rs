@@ -271,8 +271,17 @@ impl Committer {
             match step(self.own_fate(q, &snap.value, own).await, unchanged) {
                 Step::Answer(base) => return Ok(Waited::Decided(base)),
                 Step::GiveUp => {
+                    let m = &snap.value;
                     tracing::warn!(
-                        version = snap.value.version,
+                        version = m.version,
+                        segment = own.segment.as_ref().map_or("", |(s, _)| s.id.as_str()),
+                        intents = own.intents.len(),
+                        landed_floor = %m.landed_floor,
+                        decided_floor = %m.decided_floor,
+                        combined_through = %m.combined_through,
+                        hot = m.segments.len(),
+                        indexes = m.indexes.len(),
+                        round,
                         "a combining write's fate can no longer be told: answered 503"
                     );
                     return Err(BrokerError::Contention);
