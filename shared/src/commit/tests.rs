@@ -479,7 +479,9 @@ async fn a_segment_its_writer_landed_is_found_in_the_index_it_was_folded_into() 
         last_produced_ms: produced,
         bytes: 1,
     });
-    // Many landed after it: the manifest's own memory has moved past it.
+    // Folded, with every segment before it (none is hot), and many landed after it: the
+    // manifest's own memory has moved past it.
+    state.segments.clear();
     let later = Combinable::id(produced + 5_000, "", "later", 1, 1);
     (state.landed_floor, state.combined_through) = (later.clone(), later);
     assert_eq!(combine::status(&state, &seg.id), Status::Unknown);

@@ -166,12 +166,35 @@ pub fn status(m: &Manifest, id: &str) -> Status {
         return Status::Landed(seg.base_offset);
     }
     if !m.landed_floor.is_empty() && id <= m.landed_floor.as_str() {
+        if never_landed(&m.segments, id) {
+            return Status::Dead;
+        }
         return Status::Unknown;
     }
     if id <= m.combined_through.as_str() {
         return Status::Dead;
     }
     Status::Pending
+}
+
+/// Whether the hot segments `hot` (in offset order) show that the combinable segment
+/// `id`, which is not among them, never landed. Combinable segments land in id order (each
+/// only above `combined_through`, which it raises), so one that landed sits after every
+/// combinable segment below its id and before every one above it. Hot segments leave
+/// only from the front (folding, retention) or by compaction, which merges a run under
+/// an id that is not combinable. So when a combinable segment below `id` is hot and no
+/// segment of another kind follows the last such one before the first above `id` (or
+/// the end), nothing could hold it: it never landed.
+fn never_landed(hot: &[SegmentRef], id: &str) -> bool {
+    let (mut below, mut hidden) = (false, false);
+    for seg in hot {
+        match Combinable::parse(&seg.id) {
+            Some(_) if seg.id.as_str() < id => (below, hidden) = (true, false),
+            Some(_) => return below && !hidden && seg.id != id,
+            None => hidden = true,
+        }
+    }
+    below && !hidden
 }
 
 /// Lands every pending segment of `segs` in id order: each gets the next offsets, is
@@ -316,5 +339,33 @@ mod tests {
         assert_eq!(status(&m, &seg(0, "late", 1).id), Status::Unknown);
         assert_eq!(status(&m, &seg(5, "late", 1).id), Status::Dead);
         assert_eq!(status(&m, &seg(9_999, "new", 1).id), Status::Pending);
+    }
+
+    #[test]
+    fn a_forgotten_segment_that_the_hot_ones_show_never_landed_is_dead() {
+        let mut m = manifest_with(0);
+        for i in 0..LANDED_KEEP as u64 + 5 {
+            land(&mut m, &[seg(100 + i, "x", 1)]);
+        }
+        // Passed over between the second and the third landed: had it landed, it would
+        // sit between them.
+        let passed = seg(101, "y", 1);
+        assert!(passed.id <= m.landed_floor);
+        assert_eq!(status(&m, &passed.id), Status::Dead);
+        // Below every hot segment: it may have been folded into an index.
+        assert_eq!(status(&m, &seg(50, "z", 1).id), Status::Unknown);
+        // A segment of another kind where it would sit (compaction's merge of it and
+        // its neighbours, say): it may be in there.
+        let mut merged = m.clone();
+        merged.segments[2].id = "0000000000102-merged".into();
+        assert_eq!(status(&merged, &passed.id), Status::Unknown);
+        // One of another kind before the last combinable below it hides nothing.
+        let mut early = m.clone();
+        early.segments[0].id = "0000000000100-merged".into();
+        assert_eq!(status(&early, &passed.id), Status::Dead);
+        // Above every hot one but at or below the floor cannot be; still, nothing after
+        // the last below it could hold it.
+        assert!(never_landed(&m.segments, &seg(9_999, "late", 1).id));
+        assert!(!never_landed(&[], &passed.id));
     }
 }
