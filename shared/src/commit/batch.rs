@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
-use super::listing::{others_waiting, Listed};
+use super::listing::Listed;
 use super::ordering::{self, KEY_ROUNDS};
 use super::produces::{combinable, Produces};
 use super::repair::damaged;
@@ -100,17 +100,6 @@ struct ToCommit {
     combining: bool,
     /// What the head wrote and listed (none: listed afresh when combining).
     head: Option<Ready>,
-}
-
-/// What an ordinary or combining commit lists beside its write.
-enum Listing {
-    /// Nothing.
-    None,
-    /// The committer's listing for its next commit ([`Committer::list_ahead`]), after
-    /// `combined_through`.
-    Ahead(String),
-    /// A look for other processes' combining writes, after this id.
-    Look(String),
 }
 
 /// How [`Committer::commit`] ended.
@@ -464,17 +453,7 @@ impl Committer {
             }
             _ => Confirmed::No,
         };
-        // The committer lists again beside its CAS, for the next sweep or batch; an
-        // ordinary batch may look for other processes' combining writes.
-        let listing = match (combining, &cache) {
-            (true, Some(snap)) if lock(&q.state).role.is_committer() => {
-                Listing::Ahead(snap.value.combined_through.clone())
-            }
-            (false, Some(snap)) if lock(&q.state).role.look_due(Instant::now()) => {
-                Listing::Look(self.look_after(&snap.value))
-            }
-            _ => Listing::None,
-        };
+        let beside = self.beside(q, combining, cache.as_ref().map(|s| &s.value));
         let write = async {
             let mut result = cell.update_in(&mut cache, &mut change).await;
             if matches!(&result, Err(e) if damaged(e))
@@ -485,17 +464,7 @@ impl Committer {
             }
             result
         };
-        let list = async {
-            match &listing {
-                Listing::Ahead(after) => {
-                    self.list_ahead(q, after).await;
-                    None
-                }
-                Listing::Look(after) => Some((Instant::now(), self.list_after(q, after).await)),
-                Listing::None => None,
-            }
-        };
-        let (result, looked) = futures::join!(write, list);
+        let (result, looked) = futures::join!(write, self.list_beside(q, &beside));
         let attempts = Attempts {
             tries: change.attempts,
             confirmed,
@@ -505,15 +474,8 @@ impl Committer {
             let mut st = lock(&q.state);
             st.role.committed(attempts, Instant::now());
         }
-        if let Some((at, listed)) = looked {
-            let others = cache
-                .as_ref()
-                .is_some_and(|s| others_waiting(&listed, &s.value, self.clock.now_ms()));
-            lock(&q.state).role.looked(others, at);
-            self.stats.looks.fetch_add(1, Ordering::Relaxed);
-            if others {
-                self.stats.looks_found.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(look) = looked {
+            self.looked(q, look, cache.as_ref().map(|s| &s.value));
         }
         tracing::Span::current().record("attempts", change.attempts);
         // After `Ok` the state written (or read) is in `cache`, and only there.

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::listing::Listed;
+use super::listing::{Listed, ABANDON_MS};
 use super::{lock, Committer, Queue, TopicSeen};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
@@ -48,9 +48,6 @@ use crate::partition::combine::Status;
 use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
-
-/// A pending segment older than this is not deferred to: its writer may be gone.
-pub(super) const ABANDON_MS: u64 = 1000;
 
 /// Manifest reads a waiting writer makes before it commits itself.
 pub(super) const MAX_POLLS: u32 = 6;

@@ -2,6 +2,7 @@
 //! this process's own combinable segment stands: the reads that let a committer land
 //! other processes' writes without reading them.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -27,8 +28,11 @@ pub(crate) struct Listed {
     pub intents: Vec<Intent>,
 }
 
+/// A pending segment older than this is not deferred to: its writer may be gone.
+pub(super) const ABANDON_MS: u64 = 1000;
+
 /// How far back a look lists ([`Committer::look_after`]).
-pub(super) const LOOK_BACK_MS: u64 = 2 * super::combine::ABANDON_MS;
+pub(super) const LOOK_BACK_MS: u64 = 2 * ABANDON_MS;
 
 /// The oldest a listing made ahead may be when a sweep or batch takes it: older than that,
 /// listing again finds more for the same request.
@@ -43,6 +47,24 @@ pub(super) struct Ahead {
     at: Instant,
 }
 
+/// What an ordinary or combining commit lists beside its write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Beside {
+    /// Nothing.
+    Nothing,
+    /// The committer's listing for its next commit ([`Committer::list_ahead`]), after
+    /// `combined_through`.
+    Ahead(String),
+    /// A look for other processes' combining writes ([`super::role::Role::look_due`]), after this id.
+    Look(String),
+}
+
+/// What a look listed, and when it was sent.
+pub(super) struct Looked {
+    at: Instant,
+    listed: Listed,
+}
+
 impl Listed {
     pub fn is_empty(&self) -> bool {
         self.segments.is_empty() && self.intents.is_empty()
@@ -50,6 +72,50 @@ impl Listed {
 }
 
 impl Committer {
+    /// What a commit from `state` (the cached manifest, if any) lists beside its write:
+    /// the partition's committer lists ahead for its next sweep or batch, and an
+    /// ordinary batch looks for other processes' combining writes when one is due.
+    pub(super) fn beside(&self, q: &Queue, combining: bool, state: Option<&Manifest>) -> Beside {
+        let Some(state) = state else {
+            return Beside::Nothing;
+        };
+        let role = &lock(&q.state).role;
+        if combining && role.is_committer() {
+            Beside::Ahead(state.combined_through.clone())
+        } else if !combining && role.look_due(Instant::now()) {
+            Beside::Look(self.look_after(state))
+        } else {
+            Beside::Nothing
+        }
+    }
+
+    /// Makes the listing `beside` names; a look's result is returned, to be judged
+    /// against the state the commit leaves ([`Self::looked`]).
+    pub(super) async fn list_beside(&self, q: &Queue, beside: &Beside) -> Option<Looked> {
+        match beside {
+            Beside::Ahead(after) => {
+                self.list_ahead(q, after).await;
+                None
+            }
+            Beside::Look(after) => Some(Looked {
+                at: Instant::now(),
+                listed: self.list_after(q, after).await,
+            }),
+            Beside::Nothing => None,
+        }
+    }
+
+    /// Records what `look` found against `state`, the manifest after the commit beside
+    /// which it listed: others waiting make the partition contended here.
+    pub(super) fn looked(&self, q: &Queue, look: Looked, state: Option<&Manifest>) {
+        let others = state.is_some_and(|s| others_waiting(&look.listed, s, self.clock.now_ms()));
+        lock(&q.state).role.looked(others, look.at);
+        self.stats.looks.fetch_add(1, Ordering::Relaxed);
+        if others {
+            self.stats.looks_found.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The combinable segments of other processes and the intents still pending in
     /// `state`, listed from the store (one LIST), oldest first; none when the listing
     /// fails. Objects too old to commit safely (garbage collection may take them), older

@@ -59,6 +59,20 @@ async fn world() -> World {
     }
 }
 
+/// A view of the world's store for one process that, once enabled, fails every
+/// conditional write as if another writer had won the race (disabled at first).
+fn losing_store(w: &World) -> Arc<FaultStore> {
+    let plan = FaultPlan {
+        error_before: 0.0,
+        error_after: 0.0,
+        conflict: 1.0,
+        max_latency: Duration::ZERO,
+    };
+    let store = FaultStore::new(w.store.clone(), plan, 7);
+    store.set_enabled(false);
+    store
+}
+
 /// A process: a committer of its own over `store`.
 fn process(w: &World, store: DynStore) -> Arc<Committer> {
     Arc::new(Committer::new(
@@ -198,14 +212,7 @@ async fn a_waiting_writer_answers_from_another_processes_commit() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_sweep_that_loses_a_race_stops_and_the_writer_takes_over() {
     let w = world().await;
-    let plan = FaultPlan {
-        error_before: 0.0,
-        error_after: 0.0,
-        conflict: 1.0,
-        max_latency: Duration::ZERO,
-    };
-    let b_store = FaultStore::new(w.store.clone(), plan, 7);
-    b_store.set_enabled(false);
+    let b_store = losing_store(&w);
     let a = process(&w, w.store.clone());
     let b = process(&w, b_store.clone());
     assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
@@ -354,14 +361,7 @@ async fn settles_queued_with_a_lease_commit_with_it_and_free_its_place() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn an_ordinary_batch_that_keeps_losing_races_turns_to_combining() {
     let w = world().await;
-    let plan = FaultPlan {
-        error_before: 0.0,
-        error_after: 0.0,
-        conflict: 1.0,
-        max_latency: Duration::ZERO,
-    };
-    let a_store = FaultStore::new(w.store.clone(), plan, 7);
-    a_store.set_enabled(false);
+    let a_store = losing_store(&w);
     let (a, b) = (process(&w, a_store.clone()), process(&w, w.store.clone()));
     assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
     assert_eq!(b.produce(&w.topic, 0, message(&w)).await.unwrap(), [1]);
