@@ -18,7 +18,7 @@
 /// | 1 | the formats of every build before the gate (main at commit c3661c8 and earlier): manifest formats 1–5, topic layouts 1–2, segments `NSG1`/`NSG2`, index objects `NIX1`, key chunks `NDK1`, receipt handles `v1` |
 /// | 2 | segments `NSG3`: a segment's body compressed (LZ4) when that saves an eighth or more |
 /// | 3 | intents (settles and lease requests any process commits, `…-i{op}` under `segments/`) and manifest format 6 (`decided`, `decided_floor`) |
-/// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so the topic re-check runs beside every segment write |
+/// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so a combinable segment's write need not confirm the topic record first |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]

@@ -46,3 +46,57 @@ async fn a_stale_cached_topic_is_reloaded_not_trusted() {
         "p3 is leased through a already"
     );
 }
+
+/// A produce through a process whose cached topic and manifest predate a delete made by
+/// another process is refused (404), not answered 201 into the deleted topic: its write to
+/// the manifest it knew fails, and the one that would create the manifest again confirms
+/// the topic record first (`commit/write.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_through_a_process_that_missed_a_delete_is_refused() {
+    let a = Server::start().await;
+    let b = Server::start_on(a.store.clone(), None, Options::default(), a.clock.clone()).await;
+    a.create_topic("d", json!({"partitions": 1})).await;
+    b.produce("d", "kept").await; // b caches the topic and its manifest
+    let status = a.req(Method::DELETE, "/v1/topics/d").send().await.unwrap();
+    assert_eq!(status.status(), StatusCode::NO_CONTENT);
+
+    let r = b
+        .req(Method::POST, "/v1/topics/d/produce")
+        .body("after the delete")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "{}",
+        r.text().await.unwrap()
+    );
+    let left = a.store.list("topics/d/").await.unwrap();
+    assert!(
+        !left.iter().any(|k| k.contains("manifest")),
+        "no manifest was created for the deleted topic: {left:?}"
+    );
+}
+
+/// The same through a topic created again whose partition has a manifest already: the
+/// stale process's write is refused by the new incarnation's manifest, and the produce is
+/// retried into the new topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_through_a_process_that_missed_a_new_incarnation_lands_in_it() {
+    let a = Server::start().await;
+    let b = Server::start_on(a.store.clone(), None, Options::default(), a.clock.clone()).await;
+    a.create_topic("e", json!({"partitions": 1})).await;
+    b.produce("e", "old").await;
+    let status = a.req(Method::DELETE, "/v1/topics/e").send().await.unwrap();
+    assert_eq!(status.status(), StatusCode::NO_CONTENT);
+    a.create_topic("e", json!({"partitions": 1})).await;
+    assert_eq!(a.produce("e", "first").await, (0, 0));
+
+    assert_eq!(b.produce("e", "second").await, (0, 1));
+    let mut seen = Vec::new();
+    while let Some(m) = a.consume("e", "").await {
+        seen.push(m["payload"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(seen, vec!["first", "second"]);
+}

@@ -85,8 +85,7 @@ impl Broker {
         messages: Vec<NewMessage>,
     ) -> BrokerResult<Results> {
         let messages = Arc::new(messages);
-        // From the cache without a refresh ahead: the segment write re-checks the record.
-        let topic = self.topic_to_write(name).await?;
+        let topic = self.topic(name).await?;
         self.with_loaded_topic(name, topic, |topic| {
             let messages = messages.clone();
             async move { self.produce_on(&topic, &messages).await }

@@ -91,31 +91,6 @@ impl TopicCache {
         Lookup::Aging(topic, Refresh(e.put))
     }
 
-    /// The cached topic while younger than the cache period, never told to refresh it:
-    /// for a caller whose own write re-checks the record (a produce), which renews the
-    /// entry ([`TopicCache::renew`]) instead of a second read in the background.
-    pub(super) fn peek(&self, name: &str) -> Option<Topic> {
-        let map = self.lock();
-        let e = map.get(name)?;
-        (e.at.elapsed() < self.ttl).then(|| Topic {
-            from_cache: true,
-            ..e.topic.clone()
-        })
-    }
-
-    /// Dates the cached topic from when a check last found its record unchanged
-    /// (`checked`: the time, asked with the cached copy's ETag;
-    /// [`crate::commit::TopicChecks`]), if that is later than it was read: a check
-    /// answered 304 is as good as a read when it was sent.
-    pub(super) fn renew(&self, name: &str, checked: impl FnOnce(&ETag) -> Option<Instant>) {
-        let mut map = self.lock();
-        if let Some(e) = map.get_mut(name) {
-            if let Some(at) = checked(&e.topic.etag).filter(|&at| at > e.at) {
-                e.at = at;
-            }
-        }
-    }
-
     /// What a background refresh read: the record replaces the entry it refreshed (a
     /// missing one removes it), unless this process put a newer one meanwhile (its own
     /// change or read, which the refresh may predate). `None`: the read failed, and the
@@ -304,35 +279,6 @@ mod tests {
         assert!(matches!(c.lookup("t"), Lookup::Aging(..)));
         tokio::time::advance(Duration::from_millis(499)).await;
         assert!(matches!(c.lookup("t"), Lookup::Fresh(_)));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(matches!(c.lookup("t"), Lookup::Missing));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_check_of_the_same_record_renews_it_and_peek_never_refreshes() {
-        let c = TopicCache::new(Duration::from_millis(1000));
-        c.put(&topic("a"));
-        let t0 = Instant::now();
-        tokio::time::advance(Duration::from_millis(700)).await;
-        // Past half its period, a writer peeks without being told to refresh.
-        assert!(c.peek("t").is_some_and(|t| t.from_cache));
-        assert!(
-            matches!(c.lookup("t"), Lookup::Aging(..)),
-            "peek left the refresh to others"
-        );
-        // A check of another record renews nothing; neither does an older check.
-        c.renew("t", |e| (*e == ETag::new("b")).then_some(Instant::now()));
-        c.renew("t", |_| Some(t0));
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert!(c.peek("t").is_none(), "not renewed: expired");
-        assert!(matches!(c.lookup("t"), Lookup::Missing));
-        // A check sent at 900 ms of a record read at 0 dates it from 900 ms.
-        c.put(&topic("a"));
-        tokio::time::advance(Duration::from_millis(900)).await;
-        let checked = Instant::now();
-        c.renew("t", |e| (*e == ETag::new("a")).then_some(checked));
-        tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(incarnation(&c.lookup("t")), Some("a"));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(matches!(c.lookup("t"), Lookup::Missing));
     }

@@ -76,7 +76,6 @@ impl Broker {
     pub async fn topic(&self, name: &str) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
         self.gate.check()?;
-        self.renew_topic(name);
         match self.topics.lookup(name) {
             Lookup::Fresh(t) => Ok(t),
             Lookup::Aging(t, refresh) => {
@@ -85,28 +84,6 @@ impl Broker {
             }
             Lookup::Missing => self.load_topic(name).await,
         }
-    }
-
-    /// The topic for a produce, from the cache while younger than its period (the
-    /// segment write re-checks the record beside it and so renews the cached copy: no
-    /// refresh in the background as well); read first otherwise.
-    ///
-    /// Errors: as [`Broker::topic`].
-    pub(super) async fn topic_to_write(&self, name: &str) -> BrokerResult<Topic> {
-        keys::validate_topic(name)?;
-        self.gate.check()?;
-        self.renew_topic(name);
-        match self.topics.peek(name) {
-            Some(t) => Ok(t),
-            None => self.load_topic(name).await,
-        }
-    }
-
-    /// Renews the cached topic from the latest topic re-check of this process's commits
-    /// that found its record unchanged.
-    fn renew_topic(&self, name: &str) {
-        let checks = self.committer.topic_checks();
-        self.topics.renew(name, |etag| checks.since(name, etag));
     }
 
     /// Reads a topic again in the background (the cached copy is half its period old and

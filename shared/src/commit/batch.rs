@@ -59,10 +59,13 @@ struct BatchCommit<'a> {
     /// Attempts so far (more than one: another process wrote meanwhile).
     attempts: u32,
     /// Whether this ordinary batch may turn to combining after [`SWITCH_AFTER`] lost
-    /// races ([`Switch`]).
+    /// races ([`Stop::Switch`]).
     may_switch: bool,
     /// Whether it decided to, in the last `prepare`.
     switching: bool,
+    /// Why the last `prepare` found the topic record not the one the batch was made for
+    /// (it confirms the record before a write that creates the manifest).
+    topic_refused: Option<BrokerError>,
 }
 
 /// Races an ordinary batch that may combine loses before it turns to combining: a process
@@ -70,15 +73,26 @@ struct BatchCommit<'a> {
 /// every other, so retrying the same way would lose all [`crate::cas::MAX_ATTEMPTS`].
 pub(super) const SWITCH_AFTER: u32 = 2;
 
-/// An ordinary batch gave up its manifest write to go the combining way instead
-/// ([`SWITCH_AFTER`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Switch;
+/// Why an attempt of a batch stops before its manifest write.
+#[derive(Debug, Clone)]
+pub(super) enum Stop {
+    /// An ordinary batch gives up its manifest write to go the combining way instead
+    /// ([`SWITCH_AFTER`]).
+    Switch,
+    /// The write would create the manifest, and confirming the topic record first
+    /// failed: the topic was deleted or created again (every caller gets
+    /// [`BrokerError::StaleTopic`] and the broker retries against the current topic), or
+    /// the record could not be read.
+    Topic(BrokerError),
+}
 
-impl From<Switch> for BrokerError {
-    /// Never answered: the batch is committed the combining way instead.
-    fn from(_: Switch) -> Self {
-        BrokerError::Contention
+impl From<Stop> for BrokerError {
+    fn from(stop: Stop) -> Self {
+        match stop {
+            // Never answered: the batch is committed the combining way instead.
+            Stop::Switch => BrokerError::Contention,
+            Stop::Topic(e) => e,
+        }
     }
 }
 
@@ -107,7 +121,7 @@ pub(super) enum Committed {
     /// Every caller was answered: the snapshot to cache and how many of other processes'
     /// writes the commit landed.
     Done(Option<Snapshot<Manifest>>, usize),
-    /// The batch, unanswered, turned to combining ([`Switch`]), with the combinable
+    /// The batch, unanswered, turned to combining ([`Stop::Switch`]), with the combinable
     /// segment it wrote (if it did) and the plan it was written for.
     Switched(Work, Option<(SegmentRef, Plan)>),
 }
@@ -156,6 +170,7 @@ impl<'a> BatchCommit<'a> {
             attempts: 0,
             may_switch: may_switch && !combining,
             switching: false,
+            topic_refused: None,
         }
     }
 
@@ -170,6 +185,15 @@ impl<'a> BatchCommit<'a> {
             upkeep: &self.upkeeper.upkeep,
             keys: &self.keys,
         }
+    }
+
+    /// Whether this attempt, starting from `state`, would create the manifest with
+    /// produces in it (its own or other processes') while nothing confirmed the topic
+    /// record for it: not the request's own read, not its segment write.
+    fn creates_unconfirmed(&self, state: &Manifest) -> bool {
+        let lands_produces =
+            self.produces.segment().is_some() || !self.landing.foreign().is_empty();
+        !state.stored() && lands_produces && !self.topic.fresh && !self.produces.confirmed_topic()
     }
 
     /// Per-key ordering: runs this attempt's batch on a copy of `state` and reads the keys
@@ -198,7 +222,7 @@ impl<'a> BatchCommit<'a> {
 
 impl Change<Manifest> for BatchCommit<'_> {
     type Output = Applied;
-    type Error = Switch;
+    type Error = Stop;
 
     async fn prepare(&mut self, snap: &Snapshot<Manifest>) {
         self.attempts += 1;
@@ -226,6 +250,12 @@ impl Change<Manifest> for BatchCommit<'_> {
         self.landing
             .prepare(c, q, state, progress, own_segment)
             .await;
+        self.topic_refused = None;
+        if self.creates_unconfirmed(state) {
+            // Deleting a topic deletes its manifests: only a write creating one could
+            // land after a delete (docs/design.md §6, `commit/write.rs`).
+            self.topic_refused = c.check_topic(q, &self.topic.etag).await.err();
+        }
         // Upkeep rides on produces only (this batch's or other processes' it lands): they
         // are what makes a manifest grow, and a batch of settles or leases may well write
         // nothing.
@@ -250,9 +280,12 @@ impl Change<Manifest> for BatchCommit<'_> {
         }
     }
 
-    fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Switch> {
+    fn apply(&mut self, m: &mut Manifest) -> Result<Decision<Applied>, Stop> {
         if self.switching {
-            return Err(Switch);
+            return Err(Stop::Switch);
+        }
+        if let Some(e) = &self.topic_refused {
+            return Err(Stop::Topic(e.clone()));
         }
         // `prepare` planned against this state already; planning here only if it did not.
         let plan = self.produces.take_plan(&self.batch, m, self.now);
@@ -491,7 +524,7 @@ impl Committer {
                 let landed = self.finish(&change, replies, applied, &snap.value).await;
                 Committed::Done(cache, landed)
             }
-            Err(crate::cas::CasError::Rejected(Switch)) => {
+            Err(crate::cas::CasError::Rejected(Stop::Switch)) => {
                 let written = change.produces.take_written();
                 let BatchCommit { batch, topic, .. } = change;
                 let work = Work {

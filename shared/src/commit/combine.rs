@@ -153,9 +153,10 @@ impl Committer {
         topic: &TopicSeen,
         own: &mut Own,
         (dead_segment, dead_intents): (bool, &[usize]),
-        after: &str,
+        state: &Manifest,
     ) -> BrokerResult<()> {
         self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
+        let after = state.ids_above();
         if dead_segment {
             if let Some((seg, plan)) = own.segment.take() {
                 // It never lands: deleted before it is written again, so a rebuild from
@@ -164,7 +165,10 @@ impl Committer {
                 let dead = keys::segment(&q.topic, q.partition, &seg.id);
                 self.store.delete(&dead).await?;
                 let messages = plan.new_messages(&batch.produces);
-                let seg = self.write_segment(q, topic, messages, Some(after)).await?;
+                let check = self.segment_check(topic, true, !state.stored());
+                let seg = self
+                    .write_segment(q, topic, messages, Some(after), check)
+                    .await?;
                 own.segment = Some((seg, plan));
             }
         }
@@ -285,9 +289,9 @@ impl Committer {
                 }
                 Step::Rewrite(dead_segment, dead_intents) => {
                     let started = Instant::now();
-                    let after = snap.value.ids_above().to_owned();
                     let dead = (dead_segment, &dead_intents[..]);
-                    self.rewrite(q, batch, topic, own, dead, &after).await?;
+                    self.rewrite(q, batch, topic, own, dead, &snap.value)
+                        .await?;
                     round_trip = started.elapsed();
                 }
                 Step::Consider => {
@@ -324,7 +328,10 @@ impl Committer {
             }
             let plan = Plan::new(&batch.produces, state, self.clock.now_ms(), &|_| None);
             let messages = plan.new_messages(&batch.produces);
-            let seg = self.write_segment(q, topic, messages, Some(after)).await?;
+            let check = self.segment_check(topic, true, !state.stored());
+            let seg = self
+                .write_segment(q, topic, messages, Some(after), check)
+                .await?;
             Ok::<_, BrokerError>(Some((seg, plan)))
         };
         let intents = futures::future::try_join_all(

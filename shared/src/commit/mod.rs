@@ -20,7 +20,6 @@
 //! committed (a lease granted to a vanished caller simply lapses).
 
 mod batch;
-mod checks;
 mod chore;
 mod combine;
 mod landing;
@@ -62,7 +61,6 @@ use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
-pub use checks::TopicChecks;
 pub use repair::Repair;
 use role::{Idle, Role};
 pub use wake::Wakers;
@@ -153,7 +151,7 @@ pub(super) struct TopicSeen {
     /// Its ETag.
     pub etag: ETag,
     /// Read from the store by the request itself rather than from the topic cache: a
-    /// segment written for it needs no re-check (it would confirm what was just read).
+    /// commit creating the manifest for it need not confirm it again (`commit/write.rs`).
     pub fresh: bool,
 }
 
@@ -256,8 +254,6 @@ pub struct Committer {
     ids: Arc<dyn IdSource>,
     clock: Arc<dyn Clock>,
     wakers: Wakers,
-    /// What segment writes' topic re-checks found unchanged.
-    topic_checks: TopicChecks,
     queues: Mutex<HashMap<(String, String, u32), Arc<Queue>>>,
     /// The last id given to a batch's span ([`commit_span`]).
     next_id: AtomicU64,
@@ -321,7 +317,6 @@ impl Committer {
             ids,
             clock,
             wakers: Wakers::default(),
-            topic_checks: TopicChecks::default(),
             queues: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             stats: CommitStats::default(),
@@ -336,11 +331,6 @@ impl Committer {
     /// The wake-ups this committer sends after commits that make messages available.
     pub fn wakers(&self) -> &Wakers {
         &self.wakers
-    }
-
-    /// When segment writes' topic re-checks last found each topic record unchanged.
-    pub fn topic_checks(&self) -> &TopicChecks {
-        &self.topic_checks
     }
 
     /// Appends `messages` in order; answers their offsets (a duplicate gets the offset of

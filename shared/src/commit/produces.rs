@@ -31,6 +31,9 @@ pub(super) struct Produces {
     spilled: HashMap<String, u64>,
     /// Where this batch's combinable segment landed, found in an index object.
     found_at: Option<u64>,
+    /// Whether the current segment's write confirmed the topic record
+    /// ([`super::write::TopicCheck::confirms`]).
+    confirmed: bool,
 }
 
 /// Whether `batch` has produces and none carries an idempotency key or a delay: its
@@ -57,7 +60,7 @@ impl Produces {
     }
 
     /// The segment written and the plan it was written for, taken away: a batch that
-    /// turns to combining ([`super::batch::Switch`]) waits for that segment to land rather
+    /// turns to combining ([`super::batch::Stop::Switch`]) waits for that segment to land rather
     /// than write its messages again (any process's combining commit may land it already).
     pub fn take_written(&mut self) -> Option<(SegmentRef, Plan)> {
         let segment = self.segment.take()?;
@@ -68,6 +71,12 @@ impl Produces {
     /// The segment this attempt commits, if any.
     pub fn segment(&self) -> Option<&SegmentRef> {
         self.segment.as_ref()
+    }
+
+    /// Whether the current segment's write confirmed the topic record: a commit that
+    /// creates the manifest need not confirm it again ([`super::write`]).
+    pub fn confirmed_topic(&self) -> bool {
+        self.segment.is_some() && self.confirmed
     }
 
     /// Where the segment landed, when only an index object could tell.
@@ -81,8 +90,10 @@ impl Produces {
     }
 
     /// Plans `batch`'s produces against `state` and writes the segment the plan needs
-    /// (unless the last attempt wrote it for the same plan). Returns whether the batch's
-    /// combinable segment has landed already (in a commit of another process).
+    /// (unless the last attempt wrote it for the same plan), confirming the topic record
+    /// beside it when `state` is no stored manifest of this incarnation yet. Returns
+    /// whether the batch's combinable segment has landed already (in a commit of another
+    /// process).
     pub async fn prepare(
         &mut self,
         c: &Committer,
@@ -109,7 +120,9 @@ impl Produces {
             if plan.needs_segment() {
                 let messages = plan.new_messages(&batch.produces);
                 let after = combinable(batch).then_some(state.ids_above());
-                match c.write_segment(q, topic, messages, after).await {
+                let check = c.segment_check(topic, after.is_some(), !state.stored());
+                self.confirmed = check.confirms();
+                match c.write_segment(q, topic, messages, after, check).await {
                     Ok(seg) => self.segment = Some(seg),
                     Err(e) => self.refused = Some(e),
                 }

@@ -220,6 +220,14 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// Whether a write of this incarnation stored this state. False for a partition
+    /// nothing was written to and for a deleted topic's leftover read as empty: a write
+    /// from such a state creates the incarnation's manifest (the one kind of commit that
+    /// must confirm the topic record first, docs/design.md §6).
+    pub fn stored(&self) -> bool {
+        !self.recent_writes.is_empty()
+    }
+
     /// The state of a partition nothing has been written to.
     pub fn empty(incarnation: &str) -> Self {
         Self {
