@@ -27,7 +27,9 @@ use super::upkeep::Upkeeper;
 use super::{lock, Committer, Pending, Queue, TopicSeen};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::BrokerError;
+use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
+use crate::partition::combine::Combinable;
 use crate::partition::intent::{self, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
 use crate::partition::produce::Plan;
@@ -235,7 +237,11 @@ impl Change<Manifest> for BatchCommit<'_> {
         }
         let (c, q, state) = (self.committer, self.q, &snap.value);
         let work = (&self.batch, &self.topic);
-        let segment_landed = self.produces.prepare(c, q, work, state, self.now).await;
+        let combining = self.landing.combining();
+        let segment_landed = self
+            .produces
+            .prepare(c, q, work, state, self.now, combining)
+            .await;
         let intents_decided = self.landing.check_own_intents(c, q, state).await;
         let progress = Progress {
             produces: !self.batch.produces.is_empty(),
@@ -525,7 +531,20 @@ impl Committer {
                 Committed::Done(cache, landed)
             }
             Err(crate::cas::CasError::Rejected(Stop::Switch)) => {
-                let written = change.produces.take_written();
+                let written = match change.produces.take_written() {
+                    // An ordinary batch's segment (an ordinary id): no commit but its own
+                    // lands it. Deleted before its messages are written again under a
+                    // combinable id, so a rebuild from segments never finds two copies.
+                    Some((seg, _)) if Combinable::parse(&seg.id).is_none() => {
+                        let key = keys::segment(&q.topic, q.partition, &seg.id);
+                        if let Err(e) = self.store.delete(&key).await {
+                            replies.fail(&e.into());
+                            return Committed::Done(None, 0);
+                        }
+                        None
+                    }
+                    other => other,
+                };
                 let BatchCommit { batch, topic, .. } = change;
                 let work = Work {
                     batch,

@@ -60,8 +60,9 @@ impl Produces {
     }
 
     /// The segment written and the plan it was written for, taken away: a batch that
-    /// turns to combining ([`super::batch::Stop::Switch`]) waits for that segment to land rather
-    /// than write its messages again (any process's combining commit may land it already).
+    /// turns to combining ([`super::batch::Stop::Switch`]) waits for a combinable segment to
+    /// land rather than write its messages again (any process's combining commit may land
+    /// it already).
     pub fn take_written(&mut self) -> Option<(SegmentRef, Plan)> {
         let segment = self.segment.take()?;
         let plan = self.written_for.take()?;
@@ -90,7 +91,8 @@ impl Produces {
     }
 
     /// Plans `batch`'s produces against `state` and writes the segment the plan needs
-    /// (unless the last attempt wrote it for the same plan), confirming the topic record
+    /// (unless the last attempt wrote it for the same plan; combinable only when
+    /// `combining` and the batch is combinable), confirming the topic record
     /// beside it when `state` is no stored manifest of this incarnation yet. Returns
     /// whether the batch's combinable segment has landed already (in a commit of another
     /// process).
@@ -101,6 +103,7 @@ impl Produces {
         (batch, topic): (&Batch, &TopicSeen),
         state: &Manifest,
         now: u64,
+        combining: bool,
     ) -> bool {
         let landed = self.check_own_segment(c, q, state).await;
         let spilled = match c.spilled_keys(q, state, now, &batch.produces).await {
@@ -119,7 +122,11 @@ impl Produces {
             (self.segment, self.refused) = (None, None);
             if plan.needs_segment() {
                 let messages = plan.new_messages(&batch.produces);
-                let after = combinable(batch).then_some(state.ids_above());
+                // Combinable only when combining: an ordinary commit lands its own
+                // segment alone, and a combinable one would pass over every combinable
+                // segment still waiting below its id (their writers would write them
+                // again), so it gets an ordinary id.
+                let after = (combining && combinable(batch)).then_some(state.ids_above());
                 let check = c.segment_check(topic, after.is_some(), !state.stored());
                 self.confirmed = check.confirms();
                 match c.write_segment(q, topic, messages, after, check).await {

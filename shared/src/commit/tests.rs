@@ -441,6 +441,34 @@ async fn a_process_that_keeps_winning_looks_and_finds_the_others_waiting() {
     );
 }
 
+/// An ordinary commit lands its own segment alone, under an ordinary id: another
+/// process's combinable segment waiting below it stays pending (a combinable id would have
+/// raised `combined_through` past it, and its writer would write it again).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_ordinary_commit_passes_over_no_combining_write() {
+    let w = world().await;
+    let a = process(&w, w.store.clone());
+    assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
+    let q = idle_queue(&a, &w.topic).await;
+    let state = lock(&q.state).cache.clone().unwrap().value;
+    let theirs = Combinable::tagged_id(
+        w.clock.now_ms(),
+        state.ids_above(),
+        "u1",
+        (1, 1),
+        &combine::tag("inc-1"),
+    );
+    put_empty(&w, &[&theirs]).await;
+    w.clock.advance(5);
+
+    assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [1]);
+    let m = manifest(&w).await;
+    let own = &m.segments.last().unwrap().id;
+    assert!(Combinable::parse(own).is_none(), "an ordinary id: {own}");
+    assert!(own.as_str() > theirs.as_str(), "written after theirs");
+    assert_eq!(combine::status(&m, &theirs), combine::Status::Pending);
+}
+
 /// A combinable segment its own writer landed carries its messages' produce time, earlier
 /// than its id's time. Once the manifest no longer remembers it and it is the newest
 /// segment of the index it was folded into, the lookup still finds it there (it once
