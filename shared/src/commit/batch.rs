@@ -26,7 +26,7 @@ use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
 use super::{lock, Committer, Pending, Queue, TopicSeen};
 use crate::cas::{Cell, Change, Decision, Snapshot};
-use crate::error::BrokerError;
+use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::{self, Applied, Batch, Written};
 use crate::partition::combine::Combinable;
@@ -334,6 +334,26 @@ impl Committer {
     }
 }
 
+/// A cache that was out of date last time probably is again (requests of one client
+/// rotating over processes): it is confirmed first, a conditional GET, rather than paying a
+/// failed PUT and then the read anyway.
+async fn confirm_first(
+    q: &Queue,
+    cell: &Cell<'_, Manifest>,
+    cache: Option<&mut Snapshot<Manifest>>,
+) -> Confirmed {
+    match cache {
+        Some(snap) if lock(&q.state).role.confirm_cache_first() => {
+            match cell.refresh::<Infallible>(snap).await {
+                Ok(true) => Confirmed::Unchanged,
+                Ok(false) => Confirmed::Changed,
+                Err(_) => Confirmed::No,
+            }
+        }
+        _ => Confirmed::No,
+    }
+}
+
 impl Committer {
     /// Runs one batch; returns the manifest snapshot to cache for the next one.
     pub(super) async fn run_batch(
@@ -479,19 +499,7 @@ impl Committer {
         let may_switch = may_switch && self.combines(&work.batch, held);
         let mut change = BatchCommit::new(self, q, work, combining, head, may_switch);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
-        // A cache that was out of date last time probably is again (requests of one
-        // client rotating over processes): confirm it first, a conditional GET, rather
-        // than pay a failed PUT and then the read anyway.
-        let confirmed = match cache.as_mut() {
-            Some(snap) if lock(&q.state).role.confirm_cache_first() => {
-                match cell.refresh::<Infallible>(snap).await {
-                    Ok(true) => Confirmed::Unchanged,
-                    Ok(false) => Confirmed::Changed,
-                    Err(_) => Confirmed::No,
-                }
-            }
-            _ => Confirmed::No,
-        };
+        let confirmed = confirm_first(q, &cell, cache.as_mut()).await;
         let beside = self.beside(q, combining, cache.as_ref().map(|s| &s.value));
         let write = async {
             let mut result = cell.update_in(&mut cache, &mut change).await;
@@ -531,19 +539,12 @@ impl Committer {
                 Committed::Done(cache, landed)
             }
             Err(crate::cas::CasError::Rejected(Stop::Switch)) => {
-                let written = match change.produces.take_written() {
-                    // An ordinary batch's segment (an ordinary id): no commit but its own
-                    // lands it. Deleted before its messages are written again under a
-                    // combinable id, so a rebuild from segments never finds two copies.
-                    Some((seg, _)) if Combinable::parse(&seg.id).is_none() => {
-                        let key = keys::segment(&q.topic, q.partition, &seg.id);
-                        if let Err(e) = self.store.delete(&key).await {
-                            replies.fail(&e.into());
-                            return Committed::Done(None, 0);
-                        }
-                        None
+                let written = match self.switching_segment(q, &mut change.produces).await {
+                    Ok(written) => written,
+                    Err(e) => {
+                        replies.fail(&e);
+                        return Committed::Done(None, 0);
                     }
-                    other => other,
                 };
                 let BatchCommit { batch, topic, .. } = change;
                 let work = Work {
@@ -563,6 +564,28 @@ impl Committer {
                 replies.fail(&BrokerError::from(e));
                 Committed::Done(None, 0)
             }
+        }
+    }
+
+    /// The segment a batch that turns to combining keeps (and the plan it was written
+    /// for): a combinable one, which any process's combining commit may land already. An
+    /// ordinary batch's segment has an ordinary id that no commit but its own lands: it is
+    /// deleted, before the messages are written again under a combinable id, so that a
+    /// rebuild from segments never finds two copies.
+    ///
+    /// Errors: the delete's failure.
+    async fn switching_segment(
+        &self,
+        q: &Queue,
+        produces: &mut Produces,
+    ) -> BrokerResult<Option<(SegmentRef, Plan)>> {
+        match produces.take_written() {
+            Some((seg, _)) if Combinable::parse(&seg.id).is_none() => {
+                let key = keys::segment(&q.topic, q.partition, &seg.id);
+                self.store.delete(&key).await?;
+                Ok(None)
+            }
+            written => Ok(written),
         }
     }
 
