@@ -61,7 +61,8 @@ impl Fleet {
             .basic_auth(USER, Some(PASS))
     }
 
-    /// A produce without an idempotency key (its segment is combinable); answers 201.
+    /// A produce without an idempotency key (its segment is combinable when it combines);
+    /// answers 201.
     async fn produce_keyless(&self, base: &str, topic: &str, body: &str) {
         let r = self
             .req(
@@ -428,7 +429,8 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         "every produced message delivered once, as produced"
     );
     // The gate held: nothing this build would write only at level 2, 3 or 4 (a keyless
-    // produce would write a tagged combinable id at level 4).
+    // produce that combines, as the mixed topic's did, would write a tagged combinable id
+    // at level 4).
     f.produce_keyless(&cur.base, "other", "keyless").await;
     let magics = f.segment_magics();
     assert!(!magics.contains_key("NSG3"), "{magics:?}");
@@ -445,6 +447,9 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         .await;
     assert!(ok, "{out}");
     assert_eq!(out["level"], narad_shared::formats::Level::NEWEST.0);
+    // Combinable ids are written only where processes combine: a second process of this
+    // build produces to the same partition at the same moments.
+    let (cur2, _cur2_log) = f.current().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut n = 100_000;
     while !f.segment_magics().contains_key("NSG3") || f.tagged_segments() == 0 {
@@ -454,10 +459,14 @@ async fn both_builds_serve_one_store_and_the_gate_holds_until_finalize() {
         );
         f.produce(&cur.base, "mixed", &format!("m{n}"), order(n))
             .await;
-        f.produce_keyless(&cur.base, "other", "keyless").await;
+        tokio::join!(
+            f.produce_keyless(&cur.base, "other", "keyless"),
+            f.produce_keyless(&cur2.base, "other", "keyless"),
+        );
         n += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    cur2.kill().await;
     // And reads all of it back.
     let mut left = n - 100_000;
     while left > 0 {
