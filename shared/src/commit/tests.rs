@@ -136,6 +136,23 @@ async fn one_message(w: &World) -> (Arc<Committer>, Arc<Queue>, Manifest) {
     (b, q, state)
 }
 
+/// Another process's combinable segment, written above what `c`'s cached manifest knows
+/// and waiting for a combining commit; the clock then moves on 5 ms. Returns its id.
+async fn waiting_segment(w: &World, c: &Committer) -> String {
+    let q = idle_queue(c, &w.topic).await;
+    let state = lock(&q.state).cache.clone().unwrap().value;
+    let theirs = Combinable::tagged_id(
+        w.clock.now_ms(),
+        state.ids_above(),
+        "u1",
+        (1, 1),
+        &combine::tag("inc-1"),
+    );
+    put_empty(w, &[&theirs]).await;
+    w.clock.advance(5);
+    theirs
+}
+
 /// Writes an empty object under each of `ids` in the partition's segments (a combinable
 /// id says all a commit needs).
 async fn put_empty(w: &World, ids: &[&String]) {
@@ -420,16 +437,7 @@ async fn a_process_that_keeps_winning_looks_and_finds_the_others_waiting() {
     let q = idle_queue(&a, &w.topic).await;
     assert!(!lock(&q.state).role.contended(Instant::now()));
     // Another process waits for a combining commit.
-    let state = lock(&q.state).cache.clone().unwrap().value;
-    let theirs = Combinable::tagged_id(
-        w.clock.now_ms(),
-        state.ids_above(),
-        "u1",
-        (1, 1),
-        &combine::tag("inc-1"),
-    );
-    put_empty(&w, &[&theirs]).await;
-    w.clock.advance(5);
+    waiting_segment(&w, &a).await;
 
     a.produce(&w.topic, 0, message(&w)).await.unwrap();
     let q = idle_queue(&a, &w.topic).await;
@@ -449,17 +457,7 @@ async fn an_ordinary_commit_passes_over_no_combining_write() {
     let w = world().await;
     let a = process(&w, w.store.clone());
     assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [0]);
-    let q = idle_queue(&a, &w.topic).await;
-    let state = lock(&q.state).cache.clone().unwrap().value;
-    let theirs = Combinable::tagged_id(
-        w.clock.now_ms(),
-        state.ids_above(),
-        "u1",
-        (1, 1),
-        &combine::tag("inc-1"),
-    );
-    put_empty(&w, &[&theirs]).await;
-    w.clock.advance(5);
+    let theirs = waiting_segment(&w, &a).await;
 
     assert_eq!(a.produce(&w.topic, 0, message(&w)).await.unwrap(), [1]);
     let m = manifest(&w).await;
