@@ -23,6 +23,12 @@ use narad_shared::http;
 use narad_shared::maintenance;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of glibc's allocator: a request allocates and frees its buffers on
+/// whichever worker thread polls it, and glibc's per-arena locks and free-list consolidation
+/// took about a sixth of the server's CPU per request (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "narad",

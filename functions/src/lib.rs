@@ -15,6 +15,11 @@ use narad_shared::config::Config;
 use narad_shared::http::ClientAddr;
 use tower::ServiceExt;
 
+/// The allocator `narad serve` uses too (see `cli/src/main.rs`): both functions run the same
+/// request path.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The function's name, as used in logs and by `cargo lambda`.
 pub const FUNCTION_NAME: &str = "narad-api";
 
