@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -25,7 +25,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::sync::Semaphore;
 
 use super::limits::MAX_BATCH_BODY;
-use super::{ApiError, AppState};
+use super::ApiError;
 
 /// Budget accounting unit: reservations are rounded up to whole KiB.
 const UNIT: usize = 1024;
@@ -70,10 +70,9 @@ impl Admission {
     }
 }
 
-/// Middleware: reserve the request's body from the budget for the whole request, and
-/// put a deadline on receiving it.
-pub(super) async fn admit(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let a = &s.admission;
+/// Reserves the request's body from the budget for the whole request, and puts a deadline
+/// on receiving it.
+pub(super) async fn admit(a: &Admission, req: Request, next: Next) -> Response {
     let bytes = a.wanted(&req);
     if bytes == 0 {
         return next.run(req).await;

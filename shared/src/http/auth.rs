@@ -15,9 +15,8 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use tokio::time::Instant;
@@ -154,13 +153,9 @@ pub fn basic_credentials(value: &str) -> Option<(String, String)> {
     Some((u.to_owned(), p.to_owned()))
 }
 
-/// Middleware: 401 with `WWW-Authenticate` unless the request carries valid credentials;
-/// 429 for a throttled address; the caller goes into the request as a [`Caller`].
-pub(super) async fn require_auth(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+/// The request with its caller put in as a [`Caller`], or the answer: 401 with
+/// `WWW-Authenticate` unless it carries valid credentials, 429 for a throttled address.
+pub(super) async fn authenticate(state: &AppState, mut req: Request) -> Result<Request, Response> {
     let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
     let creds = req
         .headers()
@@ -171,7 +166,7 @@ pub(super) async fn require_auth(
     // guesses nothing, so it gets its plain 401.
     if creds.is_some() {
         if let Some(wait) = addr.and_then(|a| state.throttle.blocked(a)) {
-            return too_many(wait);
+            return Err(too_many(wait));
         }
     }
     let user = match &creds {
@@ -182,20 +177,20 @@ pub(super) async fn require_auth(
     // guesses at another's password.
     if let Some(user) = user {
         req.extensions_mut().insert(Caller(user));
-        return next.run(req).await;
+        return Ok(req);
     }
     if let Some((name, _)) = &creds {
         let shown = addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
         tracing::warn!(user = %name.escape_debug(), addr = %shown, "failed login");
         if let Some(wait) = addr.and_then(|a| state.throttle.failed(a)) {
             tracing::warn!(addr = %shown, "throttling failed logins");
-            return too_many(wait);
+            return Err(too_many(wait));
         }
     }
-    ApiError::new(
+    Err(ApiError::new(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
         "missing or invalid credentials",
     )
-    .into_response()
+    .into_response())
 }

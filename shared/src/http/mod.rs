@@ -23,7 +23,9 @@ mod views;
 
 use std::sync::Arc;
 
-use axum::middleware;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::{get, post, put};
 use axum::Router;
 
@@ -75,6 +77,17 @@ struct AppState {
     admission: admission::Admission,
 }
 
+/// Middleware of every route that needs a caller: authenticate ([`auth`]), then admit the
+/// request's body ([`admission`]). One layer rather than one each, since every layer costs
+/// a boxed service clone and a state clone per request (docs/benchmarks.md, "CPU per
+/// request"). An unauthenticated request reserves nothing.
+async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    match auth::authenticate(&s, req).await {
+        Ok(req) => admission::admit(&s.admission, req, next).await,
+        Err(refusal) => refusal,
+    }
+}
+
 /// Builds the router over `broker`, admitting `users`, within the edge limits `http`.
 pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
     let largest = broker.options().max_message_bytes;
@@ -109,15 +122,8 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
             post(handlers::topics::redrive),
         )
         .route("/metrics", get(handlers::ops::metrics))
-        // Inside auth: an unauthenticated request reserves nothing.
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            admission::admit,
-        ))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_auth,
-        ));
+        // Auth, then the body budget: an unauthenticated request reserves nothing.
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard));
     Router::new()
         .route("/health", get(handlers::ops::health))
         .route("/openapi.json", get(handlers::ops::openapi))
