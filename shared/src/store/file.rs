@@ -2,8 +2,9 @@
 //!
 //! Each key is a file below the root (`topics/t/0/manifest.json` is
 //! `ROOT/topics/t/0/manifest.json`). A write goes to a temporary file beside its key
-//! (`.tmp-UUID` in the key's directory), is flushed with `fsync`, and is renamed into
-//! place, so a reader sees either the old or the new content, never a torn file.
+//! (`.tmp-` and a name unique across processes, in the key's directory), is flushed with
+//! `fsync`, and is renamed into place, so a reader sees either the old or the new content,
+//! never a torn file.
 //! The rename never leaves its directory, and a directory that holds a writer's temporary
 //! file is never tidied away under it.
 //!
@@ -27,7 +28,8 @@ use std::fs::{self, File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -202,11 +204,15 @@ fn read_opt(path: &Path) -> io::Result<Option<Vec<u8>>> {
 /// flushes it; the caller renames it into place or removes it.
 fn write_tmp(root: &Path, path: &Path, data: &[u8]) -> io::Result<PathBuf> {
     let parent = path.parent().unwrap_or(root);
-    let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4()));
+    let tmp = parent.join(tmp_name());
     let mut attempt = 0;
     let mut f = loop {
-        let placed = create_dirs(parent)
-            .and_then(|()| private_file().write(true).create_new(true).open(&tmp));
+        // The directory usually exists: make it only when the file cannot be made without.
+        let placed = match private_file().write(true).create_new(true).open(&tmp) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => create_dirs(parent)
+                .and_then(|()| private_file().write(true).create_new(true).open(&tmp)),
+            placed => placed,
+        };
         match placed {
             Ok(f) => break f,
             // A delete tidied the emptied directory away in between: make it again. (The
@@ -229,6 +235,16 @@ fn write_tmp(root: &Path, path: &Path, data: &[u8]) -> io::Result<PathBuf> {
         return Err(e);
     }
     Ok(tmp)
+}
+
+/// A temporary file's name, unique among every process on the store: a random number drawn
+/// once per process, then a counter (no random draw per write).
+fn tmp_name() -> String {
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{TMP_PREFIX}{process:016x}{n:016x}")
 }
 
 /// Flushes a directory's entries (a rename into it); best effort, as not every file
