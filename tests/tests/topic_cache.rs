@@ -77,6 +77,11 @@ async fn a_produce_through_a_process_that_missed_a_delete_is_refused() {
         !left.iter().any(|k| k.contains("manifest")),
         "no manifest was created for the deleted topic: {left:?}"
     );
+    // Nor is the refused batch's segment left for garbage collection to find.
+    assert!(
+        !left.iter().any(|k| k.contains("/segments/")),
+        "the refused write's segment is deleted: {left:?}"
+    );
 }
 
 /// The same through a topic created again whose partition has a manifest already: the
@@ -99,4 +104,8 @@ async fn a_produce_through_a_process_that_missed_a_new_incarnation_lands_in_it()
         seen.push(m["payload"].as_str().unwrap().to_owned());
     }
     assert_eq!(seen, vec!["first", "second"]);
+    // The segment of the write the new incarnation refused is deleted, not left behind
+    // beside the two that landed.
+    let segments = a.store.list("topics/e/0/segments/").await.unwrap();
+    assert_eq!(segments.len(), 2, "{segments:?}");
 }

@@ -88,6 +88,18 @@ pub(super) enum Stop {
     Topic(BrokerError),
 }
 
+/// Whether a batch that failed with `e` was refused for good, so that no attempt of it
+/// landed in a live manifest: the topic record refused the write that would create the
+/// manifest (the topic was deleted or created again, or its record could not be read: a
+/// refusal only happens where no earlier attempt of the batch landed, since a landed one
+/// is found by its write id), or the manifest belongs to a newer incarnation of the topic.
+fn abandoned(e: &crate::cas::CasError<Stop>) -> bool {
+    matches!(
+        e,
+        crate::cas::CasError::Rejected(Stop::Topic(_)) | crate::cas::CasError::Superseded
+    )
+}
+
 impl From<Stop> for BrokerError {
     fn from(stop: Stop) -> Self {
         match stop {
@@ -539,7 +551,7 @@ impl Committer {
                 Committed::Done(cache, landed)
             }
             Err(crate::cas::CasError::Rejected(Stop::Switch)) => {
-                let written = match self.switching_segment(q, &mut change.produces).await {
+                let written = match self.drop_ordinary_segment(q, &mut change.produces).await {
                     Ok(written) => written,
                     Err(e) => {
                         replies.fail(&e);
@@ -555,6 +567,13 @@ impl Committer {
                 Committed::Switched(work, written)
             }
             Err(e) => {
+                if abandoned(&e) {
+                    // Nothing will land its segment: delete it now rather than leave it to
+                    // garbage collection's grace period.
+                    if let Err(d) = self.drop_ordinary_segment(q, &mut change.produces).await {
+                        tracing::warn!(error = %d, "could not delete an abandoned segment");
+                    }
+                }
                 if matches!(e, crate::cas::CasError::Contention) {
                     tracing::warn!(
                         attempts = change.attempts,
@@ -571,10 +590,11 @@ impl Committer {
     /// for): a combinable one, which any process's combining commit may land already. An
     /// ordinary batch's segment has an ordinary id that no commit but its own lands: it is
     /// deleted, before the messages are written again under a combinable id, so that a
-    /// rebuild from segments never finds two copies.
+    /// rebuild from segments never finds two copies. The same for a batch [`abandoned`]
+    /// for good.
     ///
     /// Errors: the delete's failure.
-    async fn switching_segment(
+    async fn drop_ordinary_segment(
         &self,
         q: &Queue,
         produces: &mut Produces,
