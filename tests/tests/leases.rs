@@ -338,32 +338,36 @@ async fn replay_reads_without_reserving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_old_messages_and_replay_gets_410() {
     let s = Server::start().await;
-    s.create_topic("q", json!({"retention_ms": 60_000})).await;
-    s.produce("q", "old-0").await;
-    s.produce("q", "old-1").await;
-    let leased = s.consume("q", "").await.unwrap();
+    s.create_topic("retained", json!({"retention_ms": 60_000}))
+        .await;
+    s.produce("retained", "old-0").await;
+    s.produce("retained", "old-1").await;
+    let leased = s.consume("retained", "").await.unwrap();
     s.clock.advance(30_000);
-    s.produce("q", "newer").await;
+    s.produce("retained", "newer").await;
     s.clock.advance(40_000); // the first two are now 70 s old
-    s.produce("q", "newest").await; // any write applies retention
-    let r = s.consume_raw("q", "partition=0&offset=0").await;
+    s.produce("retained", "newest").await; // any write applies retention
+    let r = s.consume_raw("retained", "partition=0&offset=0").await;
     assert_eq!(code(r).await, (StatusCode::GONE, "offset_expired".into()));
-    let r = s.consume_raw("q", "partition=0&offset=1").await;
+    let r = s.consume_raw("retained", "partition=0&offset=1").await;
     assert_eq!(r.status(), StatusCode::GONE);
-    let t = s.topic("q").await;
+    let t = s.topic("retained").await;
     assert_eq!(t["partitions"][0]["start_offset"], 2);
     assert_eq!(t["partitions"][0]["segments"], 2);
     // The expired lease is gone too.
-    assert_eq!(s.ack("q", &handle(&leased), "").await, StatusCode::GONE);
+    assert_eq!(
+        s.ack("retained", &handle(&leased), "").await,
+        StatusCode::GONE
+    );
     // Consumers continue from the oldest retained message.
-    assert_eq!(s.consume("q", "").await.unwrap()["payload"], "newer");
+    assert_eq!(s.consume("retained", "").await.unwrap()["payload"], "newer");
     // Expired segment objects are deleted from the store: no segment still holds the
     // expired messages. Told by content: servers sharing one store (the Lambda run) reuse
-    // topic names, and a process whose cached "q" was an earlier incarnation may have left
+    // topic names, and a process whose cached "retained" was an earlier incarnation may have left
     // a segment of its own, which no commit of this topic lands and garbage collection
     // removes.
     let mut held = Vec::new();
-    for key in s.store.list("topics/q/0/segments/").await.unwrap() {
+    for key in s.store.list("topics/retained/0/segments/").await.unwrap() {
         let Some(obj) = s.store.get(&key).await.unwrap() else {
             continue;
         };
