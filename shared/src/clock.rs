@@ -5,7 +5,7 @@
 //! test move time in another process (an external server or a Lambda emulator).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Wall-clock milliseconds since the Unix epoch.
@@ -106,6 +106,18 @@ impl IdSource for SequentialIds {
     fn new_id(&self) -> String {
         format!("id-{:06}", self.0.fetch_add(1, Ordering::SeqCst) + 1)
     }
+}
+
+/// 32 hex digits unique among every process: a random number drawn once per process, then
+/// a counter, so a hot path (request ids, temporary file names) pays no random draw.
+pub fn process_unique_hex() -> String {
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    format!(
+        "{process:016x}{:016x}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 #[cfg(test)]

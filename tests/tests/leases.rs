@@ -362,10 +362,10 @@ async fn retention_deletes_old_messages_and_replay_gets_410() {
     // Consumers continue from the oldest retained message.
     assert_eq!(s.consume("retained", "").await.unwrap()["payload"], "newer");
     // Expired segment objects are deleted from the store: no segment still holds the
-    // expired messages. Told by content: servers sharing one store (the Lambda run) reuse
-    // topic names, and a process whose cached "retained" was an earlier incarnation may have left
-    // a segment of its own, which no commit of this topic lands and garbage collection
-    // removes.
+    // expired messages. Told by content, under a topic name no other test uses: servers
+    // sharing one store (the Lambda run) may still cache an earlier test's incarnation of
+    // a reused name, and a combinable segment such a process writes is left for garbage
+    // collection.
     let mut held = Vec::new();
     for key in s.store.list("topics/retained/0/segments/").await.unwrap() {
         let Some(obj) = s.store.get(&key).await.unwrap() else {

@@ -9,7 +9,7 @@
 //!   carries).
 //! * `id` is the client's `X-Request-Id` when it is 1 to [`MAX_ID_LEN`] characters of
 //!   `[A-Za-z0-9._-]` (so a caller can correlate with its own logs), otherwise a fresh
-//!   one ([`fresh_id`]). Every response carries it back as `X-Request-Id`, so a client
+//!   one ([`crate::clock::process_unique_hex`]). Every response carries it back as `X-Request-Id`, so a client
 //!   that reports a 503 can name the log lines behind it.
 //! * The span is at ERROR level although it is no error: a span is context, and at that
 //!   level it is there whatever `NARAD_LOG` lets through (a WARN line of a `warn` filter
@@ -18,8 +18,6 @@
 //!   (`NARAD_LOG=narad_shared::http::trace=debug` is an access log); failures are already
 //!   logged where they are decided.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -70,19 +68,7 @@ fn request_id(headers: &HeaderMap) -> String {
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         })
-        .map_or_else(fresh_id, str::to_owned)
-}
-
-/// A fresh request id: 16 hex digits drawn once per process, then a 16-digit counter
-/// (unique across processes without a random draw per request).
-fn fresh_id() -> String {
-    static PROCESS: OnceLock<u64> = OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let process = PROCESS.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    format!(
-        "{process:016x}{:016x}",
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+        .map_or_else(crate::clock::process_unique_hex, str::to_owned)
 }
 
 /// The `{topic}` segment of a `/v1/topics/{topic}…` path, cut to [`MAX_TOPIC_LEN`].

@@ -28,8 +28,7 @@ use std::fs::{self, File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -204,7 +203,10 @@ fn read_opt(path: &Path) -> io::Result<Option<Vec<u8>>> {
 /// flushes it; the caller renames it into place or removes it.
 fn write_tmp(root: &Path, path: &Path, data: &[u8]) -> io::Result<PathBuf> {
     let parent = path.parent().unwrap_or(root);
-    let tmp = parent.join(tmp_name());
+    let tmp = parent.join(format!(
+        "{TMP_PREFIX}{}",
+        crate::clock::process_unique_hex()
+    ));
     let mut attempt = 0;
     let mut f = loop {
         // The directory usually exists: make it only when the file cannot be made without.
@@ -235,16 +237,6 @@ fn write_tmp(root: &Path, path: &Path, data: &[u8]) -> io::Result<PathBuf> {
         return Err(e);
     }
     Ok(tmp)
-}
-
-/// A temporary file's name, unique among every process on the store: a random number drawn
-/// once per process, then a counter (no random draw per write).
-fn tmp_name() -> String {
-    static PROCESS: OnceLock<u64> = OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let process = PROCESS.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{TMP_PREFIX}{process:016x}{n:016x}")
 }
 
 /// Flushes a directory's entries (a rename into it); best effort, as not every file
