@@ -19,6 +19,7 @@
 /// | 2 | segments `NSG3`: a segment's body compressed (LZ4) when that saves an eighth or more |
 /// | 3 | intents (settles and lease requests any process commits, `…-i{op}` under `segments/`) and manifest format 6 (`decided`, `decided_floor`) |
 /// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so a combinable segment's write need not confirm the topic record first |
+/// | 5 | subscriptions: `subscriptions` in topic records, their ledgers `topics/{t}/subs/{s}/{p}.json`, receipt handles `v2` (they name the subscription) |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -29,7 +30,7 @@ impl Level {
     /// The formats of every build before the gate: a store without a fleet record.
     pub const BEFORE_GATE: Level = Level(1);
     /// The highest level this build runs at.
-    pub const NEWEST: Level = Level(4);
+    pub const NEWEST: Level = Level(5);
 
     /// True when segments may be written compressed (`NSG3`).
     pub fn compresses_segments(self) -> bool {
@@ -46,6 +47,12 @@ impl Level {
     /// every build at this level honours ([`crate::partition::combine::tag`]).
     pub fn tags_segments(self) -> bool {
         self >= Level(4)
+    }
+
+    /// True when topics may have subscriptions besides the default one: every build at
+    /// this level serves them (an older one would refuse their consumes and handles).
+    pub fn has_subscriptions(self) -> bool {
+        self >= Level(5)
     }
 }
 

@@ -39,4 +39,5 @@ pub mod receipt;
 pub mod segment;
 pub mod settings;
 pub mod store;
+pub mod subscription;
 pub mod topic;

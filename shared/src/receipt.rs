@@ -5,6 +5,10 @@
 //! it: a handle of a deleted topic is no good for a new topic of the same name),
 //! partition, offset and lease id;
 //! the MAC is HMAC-SHA256 over `narad-receipt-v1.{claims}` with the key the id names.
+//! A lease of a subscription other than the default one gets a `v2` handle: its claims
+//! also name the subscription and a tag of its id, and its MAC is over
+//! `narad-receipt-v2.{claims}` (fleet level 5: builds before it answer such a handle 503
+//! `upgrade_required`).
 //! Several keys may be configured: the first signs, all verify, so keys can rotate.
 //!
 //! [`Receipts::verify`] runs before any storage call. A handle that does not parse is
@@ -28,7 +32,10 @@ use crate::store::Store;
 
 type HmacSha256 = Hmac<Sha256>;
 
-const DOMAIN: &[u8] = b"narad-receipt-v1.";
+const DOMAIN_V1: &[u8] = b"narad-receipt-v1.";
+const DOMAIN_V2: &[u8] = b"narad-receipt-v2.";
+/// The newest handle version this build reads.
+const NEWEST_HANDLE: u32 = 2;
 /// Handles longer than this are refused without further work.
 const MAX_HANDLE_LEN: usize = 1024;
 
@@ -51,6 +58,21 @@ pub struct Claims {
     /// The lease id (manifest version that granted the lease).
     #[serde(rename = "l")]
     pub lease_id: u64,
+    /// The subscription the lease belongs to (`v2` handles); `None`: the topic's default.
+    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<SubscriptionClaim>,
+}
+
+/// Which subscription a lease belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionClaim {
+    /// Its name.
+    #[serde(rename = "n")]
+    pub name: String,
+    /// [`incarnation_tag`] of its id: a handle of a deleted subscription is no good for a
+    /// new one of the same name.
+    #[serde(rename = "i")]
+    pub tag: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -71,7 +93,7 @@ pub enum ReceiptError {
     Invalid,
     /// A handle of a newer version than this build reads (`v2.` and up), signed by a
     /// newer build: for a newer build to check.
-    #[error("receipt handle version {0} is newer than this build of Narad reads (1)")]
+    #[error("receipt handle version {0} is newer than this build of Narad reads (2)")]
     Newer(u32),
 }
 
@@ -118,16 +140,18 @@ impl Receipts {
         })
     }
 
-    fn mac(key: &[u8], claims_b64: &str) -> HmacSha256 {
+    fn mac(key: &[u8], version: u32, claims_b64: &str) -> HmacSha256 {
         // HMAC accepts keys of any length; this cannot fail.
         let mut mac = <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
-        mac.update(DOMAIN);
+        mac.update(if version == 1 { DOMAIN_V1 } else { DOMAIN_V2 });
         mac.update(claims_b64.as_bytes());
         mac
     }
 
-    /// Signs `claims` with the current key.
+    /// Signs `claims` with the current key: a `v1` handle for the default subscription,
+    /// `v2` for another.
     pub fn sign(&self, claims: &Claims) -> String {
+        let version = if claims.subscription.is_some() { 2 } else { 1 };
         let (kid, key) = &self.keys[0];
         let signed = Signed {
             k: kid.clone(),
@@ -135,8 +159,8 @@ impl Receipts {
         };
         let json = serde_json::to_vec(&signed).unwrap_or_default();
         let body = B64.encode(json);
-        let tag = Self::mac(key, &body).finalize().into_bytes();
-        format!("v1.{body}.{}", B64.encode(tag))
+        let tag = Self::mac(key, version, &body).finalize().into_bytes();
+        format!("v{version}.{body}.{}", B64.encode(tag))
     }
 
     /// Checks `handle` and that it names `topic`; returns its claims.
@@ -153,11 +177,11 @@ impl Receipts {
         else {
             return Err(ReceiptError::Malformed);
         };
-        match handle_version(version) {
-            Some(1) => {}
-            Some(v) if v > 1 => return Err(ReceiptError::Newer(v)),
+        let version = match handle_version(version) {
+            Some(v @ 1..=NEWEST_HANDLE) => v,
+            Some(v) if v > NEWEST_HANDLE => return Err(ReceiptError::Newer(v)),
             _ => return Err(ReceiptError::Malformed),
-        }
+        };
         let json = B64.decode(body).map_err(|_| ReceiptError::Malformed)?;
         let tag = B64.decode(tag).map_err(|_| ReceiptError::Malformed)?;
         let signed: Signed = serde_json::from_slice(&json).map_err(|_| ReceiptError::Malformed)?;
@@ -166,10 +190,12 @@ impl Receipts {
             .iter()
             .find(|(id, _)| *id == signed.k)
             .ok_or(ReceiptError::Invalid)?;
-        Self::mac(key, body)
+        Self::mac(key, version, body)
             .verify_slice(&tag)
             .map_err(|_| ReceiptError::Invalid)?;
-        if signed.claims.topic != topic {
+        // Signed, so a version and its claims agree unless a key signed both kinds
+        // wrongly; checked all the same.
+        if signed.claims.topic != topic || signed.claims.subscription.is_some() != (version == 2) {
             return Err(ReceiptError::Invalid);
         }
         Ok(signed.claims)
@@ -257,7 +283,30 @@ mod tests {
             partition: 2,
             offset: 42,
             lease_id: 7,
+            subscription: None,
         }
+    }
+
+    #[test]
+    fn a_subscriptions_handle_is_v2_and_names_it() {
+        let r = Receipts::new(vec![b"k".to_vec()]).unwrap();
+        let sub = Claims {
+            subscription: Some(SubscriptionClaim {
+                name: "billing".into(),
+                tag: incarnation_tag("s1"),
+            }),
+            ..claims()
+        };
+        let h = r.sign(&sub);
+        assert!(h.starts_with("v2."));
+        assert_eq!(r.verify(&h, "orders").unwrap(), sub);
+        assert!(r.sign(&claims()).starts_with("v1."));
+        // The same claims under the other version's label do not verify.
+        let relabelled = format!("v1.{}", h.strip_prefix("v2.").unwrap());
+        assert_eq!(r.verify(&relabelled, "orders"), Err(ReceiptError::Invalid));
+        let v1 = r.sign(&claims());
+        let relabelled = format!("v2.{}", v1.strip_prefix("v1.").unwrap());
+        assert_eq!(r.verify(&relabelled, "orders"), Err(ReceiptError::Invalid));
     }
 
     #[test]
@@ -309,7 +358,7 @@ mod tests {
             );
         }
         // A newer build's handle is for a newer build to check, not malformed.
-        assert_eq!(r.verify("v2.x.y", "orders"), Err(ReceiptError::Newer(2)));
+        assert_eq!(r.verify("v3.x.y", "orders"), Err(ReceiptError::Newer(3)));
         assert_eq!(r.verify("v17.x.y", "orders"), Err(ReceiptError::Newer(17)));
     }
 

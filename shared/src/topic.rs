@@ -8,8 +8,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cas::JsonRecord;
+use std::sync::Arc;
+
 use crate::settings::TopicSettings;
 use crate::store::ETag;
+use crate::subscription::{SubscriptionRecord, Subscriptions};
 
 /// The stored form of `topic.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +27,10 @@ pub struct TopicRecord {
     /// without the field) or [`crate::keys::LAYOUT_FLAT`], which new topics get.
     #[serde(default = "layout_1")]
     pub layout: u32,
+    /// Its subscriptions besides the default one, by name (written only at fleet level
+    /// 5, [`crate::formats::Level::has_subscriptions`]).
+    #[serde(default, skip_serializing_if = "Subscriptions::is_empty")]
+    pub subscriptions: Subscriptions,
     /// Fields a newer build stored that this one does not know, kept as they are.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -58,6 +65,8 @@ pub struct Topic {
     pub created_at_ms: u64,
     /// Where its manifests are (see [`TopicRecord::layout`]).
     pub layout: u32,
+    /// Its subscriptions besides the default one.
+    pub subscriptions: Arc<Subscriptions>,
     /// ETag of the settings object this was read from.
     pub etag: ETag,
     /// Served from this process's cache (possibly up to `topic_cache` old): a request
@@ -71,6 +80,11 @@ impl Topic {
         crate::keys::manifest(&self.name, self.layout, p)
     }
 
+    /// The subscription `name`, if the topic has it.
+    pub fn subscription(&self, name: &str) -> Option<&SubscriptionRecord> {
+        self.subscriptions.get(name)
+    }
+
     /// The topic `name` as stored in `rec` with ETag `etag`, freshly read.
     pub fn from_record(name: &str, rec: TopicRecord, etag: ETag) -> Self {
         Self {
@@ -79,6 +93,7 @@ impl Topic {
             incarnation: rec.incarnation,
             created_at_ms: rec.created_at_ms,
             layout: rec.layout,
+            subscriptions: Arc::new(rec.subscriptions),
             etag,
             from_cache: false,
         }

@@ -17,6 +17,9 @@ use narad_tests::{Options, Server, TestClock};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+/// The newest fleet level this build runs at.
+const NEWEST: u32 = narad_shared::formats::Level::NEWEST.0;
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -129,7 +132,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     assert!(ok);
     assert_eq!(
         (st["level"].as_u64(), st["this_build"].as_u64()),
-        (Some(1), Some(4))
+        (Some(1), Some(u64::from(NEWEST)))
     );
     assert_eq!(st["processes"].as_array().unwrap().len(), 1, "{st}");
     assert_eq!(kinds(&st), ["unconfirmed"], "{st}");
@@ -184,7 +187,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     )
     .await;
     assert!(ok, "{out} {err}");
-    assert_eq!(out, json!({"outcome": "raised", "level": 4}));
+    assert_eq!(out, json!({"outcome": "raised", "level": NEWEST}));
     // The running server learns it at its next renewal (every second here).
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut i = 2;
@@ -206,11 +209,11 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     }
     let (ok, st, _) = upgrade(&url, &["status"]).await;
     assert!(ok);
-    assert_eq!(st["level"], 4);
+    assert_eq!(st["level"], NEWEST);
     assert!(kinds(&st).is_empty(), "{st}");
     let (ok, out, _) = upgrade(&url, &["finalize"]).await;
-    assert!(ok && out["level"] == 4, "{out}");
-    // A process of this build started now writes level 4 at once.
+    assert!(ok && out["level"] == NEWEST, "{out}");
+    // A process of this build started now writes its newest level at once.
     let other = Server::start_on(s.store.clone(), None, quick(), TestClock::manual(now_ms())).await;
     other.produce("g", order(99)).await;
     assert_eq!(newest_magic(&s.store, "g").await, "NSG3");
@@ -238,13 +241,14 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
     put_sealed(
         &s.store,
         fleet,
-        &json!({"level": 4, "raising": {"to": 5, "id": "x", "until_ms": now + 60_000}}),
+        &json!({"level": NEWEST, "raising": {"to": NEWEST + 1, "id": "x", "until_ms": now + 60_000}}),
     )
     .await;
     match start().await {
         Err(e @ BrokerError::UpgradeRequired { .. }) => {
             assert!(
-                e.to_string().contains("fleet level being raised to 5"),
+                e.to_string()
+                    .contains(&format!("fleet level being raised to {}", NEWEST + 1)),
                 "{e}"
             )
         }
@@ -253,7 +257,7 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
     // The running one carries on: its record was there before the raise began.
     s.produce("old", "still").await;
     // The raise lands: a new process refuses, and `narad serve` says why.
-    put_sealed(&s.store, fleet, &json!({"level": 5})).await;
+    put_sealed(&s.store, fleet, &json!({"level": NEWEST + 1})).await;
     assert!(matches!(
         start().await,
         Err(BrokerError::UpgradeRequired { .. })
@@ -268,7 +272,7 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("fleet level 5"),
+        !out.status.success() && err.contains(&format!("fleet level {}", NEWEST + 1)),
         "{err}"
     );
     // The running process stops serving at its next renewal.
@@ -293,10 +297,12 @@ async fn a_build_older_than_the_fleet_refuses_to_start_and_stops_serving() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // `narad upgrade` of this build will not raise past what it reads.
-    let (ok, out, _) = upgrade(&url, &["status", "--to", "6"]).await;
+    let to = (NEWEST + 2).to_string();
+    let (ok, out, _) = upgrade(&url, &["status", "--to", &to]).await;
     assert!(ok);
-    assert_eq!(out["level"], 5);
-    // (the stopped process, which reads only level 4, still runs and still counts)
+    assert_eq!(out["level"], NEWEST + 1);
+    // (the stopped process, which reads only its own newest level, still runs and
+    // still counts)
     assert_eq!(kinds(&out)[0], "beyond_this_build", "{out}");
 }
 

@@ -40,7 +40,7 @@ proptest! {
         topic in "[A-Za-z0-9._-]{1,40}", partition in any::<u32>(), offset in any::<u64>(),
         lease_id in any::<u64>(), incarnation in "[0-9a-f]{12}", flip in 0usize..200,
     ) {
-        let claims = Claims { topic: topic.clone(), incarnation, partition, offset, lease_id };
+        let claims = Claims { topic: topic.clone(), incarnation, partition, offset, lease_id, subscription: None };
         let r = receipts();
         let handle = r.sign(&claims);
         prop_assert_eq!(r.verify(&handle, &topic).unwrap(), claims);

@@ -333,6 +333,7 @@ impl Broker {
                 partition,
                 offset: g.offset,
                 lease_id: g.lease_id,
+                subscription: None,
             };
             let d = Delivery {
                 topic: topic.name.clone(),

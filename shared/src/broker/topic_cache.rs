@@ -190,6 +190,7 @@ mod tests {
             incarnation: incarnation.into(),
             created_at_ms: 0,
             layout: keys::LAYOUT_FLAT,
+            subscriptions: Default::default(),
             unknown: serde_json::Map::new(),
         }
     }

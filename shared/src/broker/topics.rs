@@ -136,6 +136,7 @@ impl Broker {
             incarnation: self.ids.new_id(),
             created_at_ms: self.clock.now_ms(),
             layout: keys::LAYOUT_FLAT,
+            subscriptions: Default::default(),
             unknown: serde_json::Map::new(),
         };
         let key = keys::topic_settings(name);

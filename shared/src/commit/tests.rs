@@ -44,6 +44,7 @@ async fn world() -> World {
         incarnation: "inc-1".into(),
         created_at_ms: START_MS,
         layout: keys::LAYOUT_FLAT,
+        subscriptions: Default::default(),
         unknown: serde_json::Map::new(),
     };
     let body = Some(rec.clone()).encode().unwrap();

@@ -72,12 +72,13 @@ impl Manifest {
         }
     }
 
-    /// Forgets runs that are due at `now_ms` or below the frontier; true if any left.
+    /// Forgets runs that are due at `now_ms` or no longer retained; true if any left.
+    /// A run below the frontier stays until due: the default subscription may have
+    /// settled (cancelled) its messages, other subscriptions have not.
     pub fn expire_delays(&mut self, now_ms: u64) -> bool {
         let before = self.delayed.len();
-        let frontier = self.frontier;
-        self.delayed
-            .retain(|d| d.until_ms > now_ms && d.to > frontier);
+        let start = self.start_offset;
+        self.delayed.retain(|d| d.until_ms > now_ms && d.to > start);
         self.delayed.len() != before
     }
 }

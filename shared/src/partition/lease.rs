@@ -19,7 +19,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::{Lease, Manifest, Rules};
+#[cfg(test)]
+use super::Manifest;
+use super::{Lease, Ledger, Rules};
 
 /// How long a message parked for dead-lettering stays invisible; if the move does not
 /// finish in time it is parked and moved again (the move is idempotent).
@@ -110,9 +112,9 @@ pub struct Cursor {
 impl Cursor {
     /// A cursor at the frontier of `m`, counting the leases live at `now`; `ordered` for
     /// a per-key ordered topic.
-    pub fn new(m: &Manifest, now: u64, ordered: bool) -> Self {
+    pub fn new(m: &impl Ledger, now: u64, ordered: bool) -> Self {
         Self {
-            next: m.frontier,
+            next: m.frontier(),
             in_flight: m.in_flight(now),
             ordered,
             blocked: HashSet::new(),
@@ -122,34 +124,34 @@ impl Cursor {
     }
 
     /// The next offset to lease, if any is allowed.
-    fn pick(&mut self, m: &Manifest, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
+    fn pick(&mut self, m: &impl Ledger, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
         if self.in_flight >= rules.max_in_flight as usize {
             return None;
         }
-        if m.acked_ahead.len() >= rules.max_acked_ahead as usize {
+        if m.acked_ahead().len() >= rules.max_acked_ahead as usize {
             // Window full: only the message blocking the frontier may go out (nothing
             // unsettled is before it, so its key is free).
-            self.picked_key = m.leases.get(&m.frontier).and_then(|l| l.key_hash);
-            return m.is_available(m.frontier, now).then_some(m.frontier);
+            self.picked_key = m.leases().get(&m.frontier()).and_then(|l| l.key_hash);
+            return m.is_available(m.frontier(), now).then_some(m.frontier());
         }
-        self.next = self.next.max(m.frontier);
+        self.next = self.next.max(m.frontier());
         if !self.ordered {
-            while self.next < m.next_offset && !m.is_available(self.next, now) {
+            while self.next < m.next_offset() && !m.is_available(self.next, now) {
                 // A delayed run is skipped whole: it may be long.
                 self.next = match m.delayed_run(self.next, now) {
                     Some(d) => d.to,
                     None => self.next + 1,
                 };
             }
-            return (self.next < m.next_offset).then_some(self.next);
+            return (self.next < m.next_offset()).then_some(self.next);
         }
-        while self.next < m.next_offset && self.next - m.frontier < MAX_ORDERED_SCAN {
+        while self.next < m.next_offset() && self.next - m.frontier() < MAX_ORDERED_SCAN {
             let o = self.next;
-            if m.acked_ahead.contains(&o) {
+            if m.acked_ahead().contains(&o) {
                 self.next += 1;
                 continue;
             }
-            let known = m.leases.get(&o).and_then(|l| l.key_hash);
+            let known = m.leases().get(&o).and_then(|l| l.key_hash);
             let Some(k) = known.or_else(|| keys.get(o)) else {
                 self.wants_key = Some(o);
                 return None;
@@ -173,7 +175,7 @@ impl Cursor {
 /// per-key ordered topic (the cursor's), `keys` answers the keys leases do not record;
 /// the pass stops at the first offset it needs and they do not know ([`Cursor::wants_key`]).
 pub fn lease(
-    m: &mut Manifest,
+    m: &mut impl Ledger,
     now: u64,
     rules: &Rules,
     (max, max_bytes): (usize, u64),
@@ -190,8 +192,8 @@ pub fn lease(
         if !out.grants.is_empty() && bytes.saturating_add(size) > max_bytes {
             break;
         }
-        let version = m.version;
-        let lease = m.leases.entry(offset).or_insert(Lease {
+        let version = m.lease_id();
+        let lease = m.parts_mut().leases.entry(offset).or_insert(Lease {
             lease_id: 0,
             deadline_ms: 0,
             delivery_count: 0,
@@ -230,14 +232,14 @@ pub fn lease(
 /// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
 /// granted. An idle waiter skips the partition until then (`broker/watch.rs`). On an
 /// ordered topic it needs the `keys` of the messages waiting behind their keys.
-pub fn quiet_until(m: &Manifest, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
+pub fn quiet_until(m: &impl Ledger, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
     let mut probe = Cursor::new(m, now, rules.ordered);
     if probe.pick(m, now, rules, keys).is_some() || probe.wants_key.is_some() {
         // Available, or unknown without reading keys: not quiet.
         return None;
     }
-    let lapses = m.leases.values().map(|l| l.deadline_ms);
-    let due = m.delayed.iter().map(|d| d.until_ms);
+    let lapses = m.leases().values().map(|l| l.deadline_ms);
+    let due = m.delayed().iter().map(|d| d.until_ms);
     let next = lapses.chain(due).filter(|&d| d > now).min();
     Some(next.unwrap_or(u64::MAX))
 }

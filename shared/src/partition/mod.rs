@@ -40,9 +40,11 @@ pub mod delay;
 pub mod index;
 pub mod intent;
 pub mod lease;
+pub mod ledger;
 pub mod produce;
 pub mod rebuild;
 pub mod settle;
+pub mod subscription;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -56,6 +58,7 @@ pub use dedup::{ChunkRef, Dedup, MAX_DEDUP_KEYS};
 pub use delay::Delayed;
 pub use index::IndexRef;
 pub use lease::{Grant, Leased};
+pub use ledger::Ledger;
 pub use settle::{Refused, Settle};
 
 /// The topic settings the transitions obey, copied out of [`TopicSettings`].
@@ -296,25 +299,15 @@ impl Manifest {
         Ok(exact().unwrap_or(false).then_some(m))
     }
 
-    /// Leases still live at `now_ms`.
+    /// Leases still live at `now_ms` ([`Ledger::in_flight`]).
     pub fn in_flight(&self, now_ms: u64) -> usize {
-        self.leases
-            .values()
-            .filter(|l| l.deadline_ms > now_ms)
-            .count()
+        Ledger::in_flight(self, now_ms)
     }
 
     /// True when `offset` exists, is unsettled, has no live lease and is not delayed at
-    /// `now_ms`.
+    /// `now_ms` ([`Ledger::is_available`]).
     pub fn is_available(&self, offset: u64, now_ms: u64) -> bool {
-        offset >= self.frontier
-            && offset < self.next_offset
-            && !self.acked_ahead.contains(&offset)
-            && self
-                .leases
-                .get(&offset)
-                .is_none_or(|l| l.deadline_ms <= now_ms)
-            && self.delayed_until(offset, now_ms).is_none()
+        Ledger::is_available(self, offset, now_ms)
     }
 
     /// Where the retained offset `offset` is described: a hot segment, or an index.
@@ -376,9 +369,7 @@ impl Manifest {
 
     /// Advances the frontier past every contiguous acked offset.
     pub fn advance_frontier(&mut self) {
-        while self.acked_ahead.remove(&self.frontier) {
-            self.frontier += 1;
-        }
+        self.parts_mut().advance_frontier();
     }
 
     /// The hot segment holding `offset`, if it is one of the manifest's own (not behind

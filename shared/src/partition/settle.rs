@@ -9,7 +9,7 @@
 //! Release (internal, never from a client) ends it as if it had not been granted: a
 //! consume that leased more than its response can carry gives the rest back this way.
 
-use super::{Manifest, Rules};
+use super::{Ledger, Rules};
 
 /// What to do with a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub enum Refused {
 ///
 /// Errors: [`Refused`]; a refused settle leaves `m` unchanged.
 pub fn settle(
-    m: &mut Manifest,
+    m: &mut impl Ledger,
     now: u64,
     rules: &Rules,
     o: u64,
@@ -51,16 +51,17 @@ pub fn settle(
     action: Settle,
 ) -> Result<(), Refused> {
     let live = m
-        .leases
+        .leases()
         .get(&o)
         .is_some_and(|l| l.lease_id == lease_id && l.deadline_ms > now);
     if !live {
         return Err(Refused::LeaseGone);
     }
+    let mut m = m.parts_mut();
     match action {
-        Settle::Ack if o == m.frontier => {
+        Settle::Ack if o == *m.frontier => {
             m.leases.remove(&o);
-            m.frontier += 1;
+            *m.frontier += 1;
             m.advance_frontier();
         }
         Settle::Ack => {

@@ -1,0 +1,324 @@
+//! A subscription's ledger on one partition: `topics/{t}/subs/{s}/{p}.json`
+//! ([`SubscriptionState`], a [`crate::cas::Cell`] of its own, docs/design.md §5).
+//!
+//! A topic's messages are stored once, in the partition's segments, listed by its
+//! manifest. The default subscription keeps its frontier, leases and acks in the manifest;
+//! every other subscription keeps them in this object and reads the log (which offsets
+//! exist, which are delayed, where their segments are) from the manifest without writing
+//! it. A produce therefore costs the same whatever the number of subscriptions, and a
+//! consume or ack on one subscription writes only that subscription's object.
+//!
+//! The state belongs to one creation of the subscription (its `id`, time-sortable, kept in
+//! the topic record): the state of a deleted subscription of the same name reads as new,
+//! one of a newer creation as [`Invalid::Superseded`]. A state nothing was written to
+//! starts at the offset the subscription's creation recorded for the partition.
+//!
+//! Retention is the topic's: when it removes messages this subscription had not settled,
+//! [`SubscriptionState::catch_up`] moves the frontier past them and counts them in `lost`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::ledger::{Ledger, LedgerMut};
+use super::{Delayed, Lease, Manifest, RECENT_WRITES};
+use crate::cas::{Invalid, Stored};
+
+/// The newest subscription state format this build reads and writes.
+pub const STATE_FORMAT: u32 = 1;
+
+/// Which creation of a subscription a state belongs to, and where it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The subscription's id: changes each time a subscription of its name is created,
+    /// and sorts by creation time.
+    pub id: String,
+    /// The partition's first offset for this subscription (recorded at creation).
+    pub start: u64,
+}
+
+/// One subscription's ledger on one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionState {
+    /// [`STATE_FORMAT`].
+    pub format: u32,
+    /// Strictly increasing with every write; leases carry the version that granted them.
+    pub version: u64,
+    /// The subscription's id ([`Origin::id`]).
+    pub subscription: String,
+    /// Ids of the last writes, newest last.
+    pub recent_writes: VecDeque<String>,
+    /// The lowest unsettled offset.
+    pub frontier: u64,
+    /// Delivered, unsettled messages by offset (live or lapsed leases).
+    pub leases: BTreeMap<u64, Lease>,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: BTreeSet<u64>,
+    /// Messages retention removed before this subscription settled them.
+    #[serde(default)]
+    pub lost: u64,
+}
+
+impl SubscriptionState {
+    /// The state of a subscription nothing has been written to on this partition.
+    pub fn new(origin: &Origin) -> Self {
+        Self {
+            format: STATE_FORMAT,
+            version: 0,
+            subscription: origin.id.clone(),
+            recent_writes: VecDeque::new(),
+            frontier: origin.start,
+            leases: BTreeMap::new(),
+            acked_ahead: BTreeSet::new(),
+            lost: 0,
+        }
+    }
+
+    /// Moves the frontier to the log's oldest retained offset when retention removed
+    /// messages below it, counting the unsettled ones among them in `lost`; true if it
+    /// changed anything.
+    pub fn catch_up(&mut self, log: &Manifest) -> bool {
+        let start = log.start_offset;
+        if self.frontier >= start {
+            return false;
+        }
+        let acked_below = self.acked_ahead.range(..start).count() as u64;
+        self.lost += (start - self.frontier).saturating_sub(acked_below);
+        self.leases = self.leases.split_off(&start);
+        self.acked_ahead = self.acked_ahead.split_off(&start);
+        self.frontier = start;
+        self.parts().advance_frontier();
+        true
+    }
+
+    /// This state as a ledger over `log`, the partition's manifest.
+    pub fn over<'a>(&'a mut self, log: &'a Manifest) -> Subscribed<'a> {
+        Subscribed { state: self, log }
+    }
+
+    fn parts(&mut self) -> LedgerMut<'_> {
+        LedgerMut {
+            frontier: &mut self.frontier,
+            leases: &mut self.leases,
+            acked_ahead: &mut self.acked_ahead,
+        }
+    }
+}
+
+/// A subscription's state read together with the partition's log.
+pub struct Subscribed<'a> {
+    state: &'a mut SubscriptionState,
+    log: &'a Manifest,
+}
+
+impl Ledger for Subscribed<'_> {
+    fn frontier(&self) -> u64 {
+        self.state.frontier
+    }
+
+    fn leases(&self) -> &BTreeMap<u64, Lease> {
+        &self.state.leases
+    }
+
+    fn acked_ahead(&self) -> &BTreeSet<u64> {
+        &self.state.acked_ahead
+    }
+
+    fn parts_mut(&mut self) -> LedgerMut<'_> {
+        self.state.parts()
+    }
+
+    fn lease_id(&self) -> u64 {
+        self.state.version
+    }
+
+    fn next_offset(&self) -> u64 {
+        self.log.next_offset
+    }
+
+    fn delayed_run(&self, offset: u64, now_ms: u64) -> Option<&Delayed> {
+        self.log.delayed_run(offset, now_ms)
+    }
+
+    fn delayed(&self) -> &[Delayed] {
+        &self.log.delayed
+    }
+
+    fn message_bytes_estimate(&self, offset: u64) -> u64 {
+        self.log.message_bytes_estimate(offset)
+    }
+}
+
+impl Stored for SubscriptionState {
+    type Context = Origin;
+
+    fn absent(origin: &Origin) -> Self {
+        Self::new(origin)
+    }
+
+    fn decode(data: &[u8], origin: &Origin) -> Result<Self, Invalid> {
+        let raw = crate::cas::open_json(data)?;
+        // The format first, so a newer layout is never taken for damage.
+        #[derive(Deserialize)]
+        struct Format {
+            format: u32,
+        }
+        let Format { format } =
+            serde_json::from_slice(raw).map_err(|e| Invalid::Corrupt(e.to_string()))?;
+        if let Some(newer) = crate::formats::Newer::check(
+            "subscription state format",
+            format.into(),
+            STATE_FORMAT.into(),
+        ) {
+            return Err(Invalid::Newer(newer));
+        }
+        let stored: SubscriptionState =
+            serde_json::from_slice(raw).map_err(|e| Invalid::Corrupt(e.to_string()))?;
+        match stored.subscription.as_str().cmp(origin.id.as_str()) {
+            std::cmp::Ordering::Equal => Ok(stored),
+            std::cmp::Ordering::Greater => Err(Invalid::Superseded),
+            // Left over from a deleted subscription of the same name: start afresh, with
+            // the version still climbing so no two states share bytes.
+            std::cmp::Ordering::Less => Ok(SubscriptionState {
+                version: stored.version,
+                ..SubscriptionState::new(origin)
+            }),
+        }
+    }
+
+    fn encode(&self) -> Result<Bytes, String> {
+        serde_json::to_vec(self)
+            .map(crate::cas::seal_json)
+            .map_err(|e| e.to_string())
+    }
+
+    fn next_write(&mut self) {
+        self.version += 1;
+    }
+
+    fn stamp(&mut self, write_id: &str) -> bool {
+        self.format = STATE_FORMAT;
+        self.recent_writes
+            .push_back(crate::formats::stamp_write(write_id));
+        while self.recent_writes.len() > RECENT_WRITES {
+            self.recent_writes.pop_front();
+        }
+        true
+    }
+
+    fn written_by(&self, write_id: &str) -> bool {
+        let stamped = crate::formats::stamp_write(write_id);
+        self.recent_writes.iter().any(|w| *w == stamped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::lease::{lease, Cursor, Keys};
+    use crate::partition::settle::{settle, Refused, Settle};
+    use crate::partition::testing::{manifest_with, rules};
+
+    fn origin(id: &str, start: u64) -> Origin {
+        Origin {
+            id: id.into(),
+            start,
+        }
+    }
+
+    fn lease_some(s: &mut SubscriptionState, log: &Manifest, now: u64, max: usize) -> Vec<u64> {
+        let mut view = s.over(log);
+        let mut cur = Cursor::new(&view, now, false);
+        let got = lease(
+            &mut view,
+            now,
+            &rules(),
+            (max, u64::MAX),
+            &mut cur,
+            &Keys::default(),
+        );
+        got.grants.iter().map(|g| g.offset).collect()
+    }
+
+    #[test]
+    fn a_subscription_leases_and_acks_without_touching_the_log() {
+        let log = manifest_with(5);
+        let before = log.clone();
+        let mut a = SubscriptionState::new(&origin("a", 0));
+        let mut b = SubscriptionState::new(&origin("b", 2));
+        a.version = 7;
+        assert_eq!(lease_some(&mut a, &log, 10, 3), vec![0, 1, 2]);
+        assert_eq!(lease_some(&mut b, &log, 10, 9), vec![2, 3, 4]);
+        // Each acks on its own: an ack in one never settles the other.
+        settle(&mut a.over(&log), 10, &rules(), 0, 7, Settle::Ack).unwrap();
+        assert_eq!((a.frontier, b.frontier), (1, 2));
+        assert_eq!(
+            settle(&mut b.over(&log), 10, &rules(), 0, 7, Settle::Ack),
+            Err(Refused::LeaseGone)
+        );
+        settle(&mut b.over(&log), 10, &rules(), 3, 0, Settle::Ack).unwrap();
+        assert_eq!(b.acked_ahead.iter().copied().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(log, before, "the log is read, never written");
+    }
+
+    #[test]
+    fn a_delayed_message_of_the_log_waits_for_every_subscription() {
+        let mut log = manifest_with(3);
+        log.delay(1, 2, 500);
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        assert_eq!(lease_some(&mut s, &log, 10, 9), vec![0, 2]);
+        assert_eq!(lease_some(&mut s, &log, 500, 9), vec![1]);
+    }
+
+    #[test]
+    fn retention_past_the_frontier_counts_what_was_never_settled() {
+        let mut log = manifest_with(10);
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        assert_eq!(lease_some(&mut s, &log, 10, 4), vec![0, 1, 2, 3]);
+        settle(&mut s.over(&log), 10, &rules(), 2, 0, Settle::Ack).unwrap();
+        settle(&mut s.over(&log), 10, &rules(), 5, 0, Settle::Ack).unwrap_err();
+        s.acked_ahead.insert(6);
+        log.start_offset = 5;
+        assert!(s.catch_up(&log));
+        // 0, 1, 3 and 4 were unsettled; 2 had been acked.
+        assert_eq!(s.lost, 4);
+        assert_eq!(s.frontier, 5);
+        assert!(s.leases.is_empty());
+        log.start_offset = 6;
+        assert!(s.catch_up(&log));
+        // 5 lost; 6 was acked, so the frontier passes it.
+        assert_eq!((s.lost, s.frontier), (5, 7));
+        assert!(s.acked_ahead.is_empty());
+        assert!(!s.catch_up(&log));
+    }
+
+    #[test]
+    fn a_deleted_subscriptions_state_reads_as_new_and_a_newer_ones_as_superseded() {
+        let mut old = SubscriptionState::new(&origin("a1", 0));
+        old.version = 9;
+        old.frontier = 4;
+        let bytes = old.encode().unwrap();
+        let back = SubscriptionState::decode(&bytes, &origin("a1", 0)).unwrap();
+        assert_eq!(back, old);
+        let fresh = SubscriptionState::decode(&bytes, &origin("a2", 7)).unwrap();
+        assert_eq!((fresh.version, fresh.frontier), (9, 7));
+        assert!(matches!(
+            SubscriptionState::decode(&bytes, &origin("a0", 0)),
+            Err(Invalid::Superseded)
+        ));
+    }
+
+    #[test]
+    fn a_newer_format_is_newer_not_corrupt() {
+        let json = br#"{"format":2,"layout":"something else"}"#;
+        assert!(matches!(
+            SubscriptionState::decode(json, &origin("a", 0)),
+            Err(Invalid::Newer(_))
+        ));
+        assert!(matches!(
+            SubscriptionState::decode(b"{}", &origin("a", 0)),
+            Err(Invalid::Corrupt(_))
+        ));
+    }
+}
