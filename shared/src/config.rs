@@ -54,6 +54,8 @@ pub struct BrokerOptions {
     pub commit_linger: Duration,
     /// Topics the store may hold.
     pub max_topics: usize,
+    /// Subscriptions one topic may hold besides its default one (`NARAD_MAX_SUBSCRIPTIONS`).
+    pub max_subscriptions: usize,
     /// How long this process's record in the store counts without being renewed (it is
     /// renewed every third of this; [`crate::gate`]).
     pub process_ttl: Duration,
@@ -70,6 +72,7 @@ impl Default for BrokerOptions {
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
             max_topics: 10_000,
+            max_subscriptions: crate::subscription::DEFAULT_MAX_SUBSCRIPTIONS,
             process_ttl: Duration::from_secs(15 * 60),
         }
     }
@@ -285,6 +288,12 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
         commit_linger: ms("NARAD_COMMIT_LINGER_MS", defaults.commit_linger, 0, 1000)?,
         topic_cache: ms("NARAD_TOPIC_CACHE_MS", defaults.topic_cache, 0, 60_000)?,
         max_topics: num("NARAD_MAX_TOPICS", defaults.max_topics as u64, 1, 1_000_000)? as usize,
+        max_subscriptions: num(
+            "NARAD_MAX_SUBSCRIPTIONS",
+            defaults.max_subscriptions as u64,
+            1,
+            10_000,
+        )? as usize,
         process_ttl: ms(
             "NARAD_PROCESS_RECORD_TTL_MS",
             defaults.process_ttl,

@@ -32,6 +32,26 @@ pub enum BrokerError {
     /// Creating the topic would exceed `NARAD_MAX_TOPICS`.
     #[error("the store holds its limit of {0} topics (NARAD_MAX_TOPICS); delete one first")]
     TooManyTopics(usize),
+    /// No subscription by that name on the topic.
+    #[error("subscription not found")]
+    SubscriptionNotFound,
+    /// The subscription exists with other settings.
+    #[error("subscription already exists with different settings")]
+    SubscriptionConflict,
+    /// Creating the subscription would exceed `NARAD_MAX_SUBSCRIPTIONS`.
+    #[error(
+        "the topic holds its limit of {0} subscriptions (NARAD_MAX_SUBSCRIPTIONS); delete one first"
+    )]
+    TooManySubscriptions(usize),
+    /// Subscriptions need every process on the store to serve them: fleet level 5
+    /// (`narad upgrade finalize`, docs/upgrades.md).
+    #[error("subscriptions need fleet level {needed}, and the store is at level {level}: run `narad upgrade finalize` once every process runs this build")]
+    FleetBelow {
+        /// The level the feature needs.
+        needed: u32,
+        /// The store's level.
+        level: u32,
+    },
     /// A setting is unknown or out of range.
     #[error(transparent)]
     InvalidSetting(#[from] InvalidSetting),

@@ -91,6 +91,17 @@ pub fn partition_of_manifest(topic: &str, key: &str) -> Option<u32> {
         .ok()
 }
 
+/// `topics/{topic}/subs/{subscription}/`: every ledger of a subscription.
+pub fn subscription_prefix(topic: &str, subscription: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/")
+}
+
+/// `topics/{topic}/subs/{subscription}/{partition}.json`: a subscription's ledger on one
+/// partition ([`crate::partition::subscription`]).
+pub fn subscription_ledger(topic: &str, subscription: &str, partition: u32) -> String {
+    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/{partition}.json")
+}
+
 /// `topics/{topic}/{partition}/segments/{id}`.
 pub fn segment(topic: &str, partition: u32, id: &str) -> String {
     format!("{TOPICS_PREFIX}{topic}/{partition}/segments/{id}")

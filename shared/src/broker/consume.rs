@@ -20,13 +20,14 @@ use tokio::time::Instant;
 
 use super::long_poll::{Gauge, Waiting};
 use super::sticky::Kind;
+use super::subscriptions::Group;
 use super::watch::{Seen, View, Watch};
 use super::{check_partition, Broker};
 use crate::commit::{LeaseAnswer, Peek};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::{Grant, Layout, Settle};
-use crate::receipt::Claims;
+use crate::receipt::{Claims, SubscriptionClaim};
 use crate::segment::Headers;
 use crate::topic::Topic;
 
@@ -88,13 +89,28 @@ impl Broker {
         wait: Duration,
         max: usize,
     ) -> BrokerResult<Vec<Delivery>> {
+        self.consume_from(name, None, partition, wait, max).await
+    }
+
+    /// As [`Broker::consume`], for the subscription `sub` (`None`: the default one).
+    ///
+    /// Errors: as [`Broker::consume`], and
+    /// [`crate::error::BrokerError::SubscriptionNotFound`].
+    pub async fn consume_from(
+        &self,
+        name: &str,
+        sub: Option<&str>,
+        partition: Option<u32>,
+        wait: Duration,
+        max: usize,
+    ) -> BrokerResult<Vec<Delivery>> {
         let max = max.clamp(1, MAX_CONSUME_BATCH);
         if !wait.is_zero() {
             let watch = self.watches.get(name);
             let topic = self.topic_seen(name, watch.view().as_ref()).await?;
             if topic.layout >= keys::LAYOUT_FLAT {
                 return self
-                    .consume_watched(name, partition, wait, max, &watch)
+                    .consume_watched(name, sub, partition, wait, max, &watch)
                     .await;
             }
         }
@@ -102,7 +118,7 @@ impl Broker {
             .long_poll(name, wait, Gauge::Counted, || async move {
                 let (got, _) = self
                     .with_topic(name, |topic| async move {
-                        self.lease_once(&topic, partition, max, None).await
+                        self.lease_once(&topic, sub, partition, max, None).await
                     })
                     .await?;
                 Ok((!got.is_empty()).then_some(got))
@@ -117,6 +133,7 @@ impl Broker {
     async fn consume_watched(
         &self,
         name: &str,
+        sub: Option<&str>,
         partition: Option<u32>,
         wait: Duration,
         max: usize,
@@ -143,7 +160,7 @@ impl Broker {
             let view = view.as_ref();
             let (got, lapse) = self
                 .with_loaded_topic(name, topic, |topic| async move {
-                    self.lease_once(&topic, partition, max, view).await
+                    self.lease_once(&topic, sub, partition, max, view).await
                 })
                 .await?;
             if !got.is_empty() {
@@ -210,17 +227,22 @@ impl Broker {
         until.filter(|&t| t > self.clock.now_ms())
     }
 
-    /// One pass over the partitions, leasing up to `max` messages; with a `view`,
-    /// partitions it shows quiet are skipped, and the earliest time one of them could
-    /// have a message again (a lease lapsing) is answered beside the deliveries.
+    /// One pass over the partitions, leasing up to `max` messages for the subscription
+    /// `sub`; with a `view`, partitions it shows quiet are skipped (the default
+    /// subscription's only: the view knows the manifest's ledger), and the earliest time
+    /// one of them could have a message again (a lease lapsing) is answered beside the
+    /// deliveries.
     async fn lease_once(
         &self,
         topic: &Topic,
+        sub: Option<&str>,
         partition: Option<u32>,
         max: usize,
         view: Option<&View>,
     ) -> BrokerResult<(Vec<Delivery>, Option<u64>)> {
-        if topic.settings.paused {
+        let group = Group::of(topic, sub)?;
+        let view = view.filter(|_| matches!(group, Group::Default));
+        if group.settings(topic).paused {
             // Delivers nothing until resumed; the long poll waits out its time meanwhile.
             return Ok((Vec::new(), None));
         }
@@ -252,12 +274,17 @@ impl Broker {
             }
             // Payload bytes by estimate: the rendered bound is about 1.5 times that.
             let room = (MAX_CONSUME_RESPONSE_BYTES - used) as u64 * 2 / 3;
-            let answer = self
-                .committer
-                .lease(topic, p, (max - out.len(), room))
-                .await?;
+            let want = (max - out.len(), room);
+            let answer = match group {
+                Group::Default => self.committer.lease(topic, p, want).await?,
+                Group::Named(n, rec) => {
+                    self.committer
+                        .lease_subscription(topic, (n, rec), p, want)
+                        .await?
+                }
+            };
             let before = out.len();
-            self.take_leased(topic, p, answer, &mut out, &mut used)
+            self.take_leased(topic, group, p, answer, &mut out, &mut used)
                 .await?;
             if partition.is_none() && before == 0 && !out.is_empty() && Some(p) != first {
                 // The cursor's partition had nothing: the next consumes start here.
@@ -273,6 +300,7 @@ impl Broker {
     pub(super) async fn take_leased(
         &self,
         topic: &Topic,
+        group: Group<'_>,
         p: u32,
         answer: LeaseAnswer,
         out: &mut Vec<Delivery>,
@@ -280,11 +308,11 @@ impl Broker {
     ) -> BrokerResult<()> {
         self.changed(topic, p);
         for g in answer.leased.dead {
-            self.dead_letter(topic, p, &answer.layout, g).await;
+            self.dead_letter(topic, group, p, &answer.layout, g).await;
         }
         let grants = answer.leased.grants;
         let delivered = self
-            .deliver(topic, p, &answer.layout, &grants, !answer.shared)
+            .deliver(topic, group, p, &answer.layout, &grants, !answer.shared)
             .await?;
         for (d, g) in delivered {
             let bound = rendered_bound(&d);
@@ -293,10 +321,8 @@ impl Broker {
                 out.push(d);
             } else {
                 // No room: give it back as if never leased (it lapses if this fails).
-                let _ = self
-                    .committer
-                    .settle(topic, p, g.offset, g.lease_id, Settle::Release)
-                    .await;
+                let release = [(g.offset, g.lease_id, Settle::Release)];
+                let _ = self.settle_in(topic, group, p, &release).await;
             }
         }
         Ok(())
@@ -308,6 +334,7 @@ impl Broker {
     async fn deliver<'g>(
         &self,
         topic: &Topic,
+        group: Group<'_>,
         partition: u32,
         layout: &Layout,
         grants: &'g [Grant],
@@ -333,7 +360,13 @@ impl Broker {
                 partition,
                 offset: g.offset,
                 lease_id: g.lease_id,
-                subscription: None,
+                subscription: match group {
+                    Group::Default => None,
+                    Group::Named(name, rec) => Some(SubscriptionClaim {
+                        name: name.to_owned(),
+                        tag: crate::receipt::incarnation_tag(&rec.id),
+                    }),
+                },
             };
             let d = Delivery {
                 topic: topic.name.clone(),

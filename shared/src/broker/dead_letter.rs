@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
+use super::subscriptions::Group;
 use super::{Broker, NewMessage, Settle};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::{Grant, Layout};
@@ -26,11 +27,15 @@ impl Broker {
     pub(super) async fn dead_letter(
         &self,
         topic: &Topic,
+        group: Group<'_>,
         partition: u32,
         layout: &Layout,
         g: Grant,
     ) {
-        match self.move_dead_letter(topic, partition, layout, &g).await {
+        match self
+            .move_dead_letter(topic, group, partition, layout, &g)
+            .await
+        {
             Ok(()) => {
                 self.dead_lettered.fetch_add(1, Ordering::Relaxed);
             }
@@ -44,11 +49,12 @@ impl Broker {
     async fn move_dead_letter(
         &self,
         topic: &Topic,
+        group: Group<'_>,
         partition: u32,
         layout: &Layout,
         g: &Grant,
     ) -> BrokerResult<()> {
-        let Some(dlq) = topic.settings.dead_letter_topic.clone() else {
+        let Some(dlq) = group.settings(topic).dead_letter_topic else {
             return Err(BrokerError::Internal(
                 "a message was parked for a topic with no dead_letter_topic".into(),
             ));
@@ -57,10 +63,14 @@ impl Broker {
             .messages(&topic.name, partition, layout, &[g.offset], false)
             .await?;
         if let Some(msg) = found.pop().flatten() {
-            let origin = format!(
+            let mut origin = format!(
                 "{}\n{}\n{partition}\n{}",
                 topic.name, topic.incarnation, g.offset
             );
+            // Each subscription's dead letter is its own message.
+            if let Group::Named(name, rec) = group {
+                origin.push_str(&format!("\n{name}\n{}", rec.id));
+            }
             let digest = Sha256::digest(origin.as_bytes());
             let id: String = digest.iter().map(|b| format!("{b:02x}")).collect();
             // Where it came from, as headers (the `narad-` names are reserved for these).
@@ -76,6 +86,9 @@ impl Broker {
             for (k, v) in origin {
                 headers.insert(k.to_owned(), v);
             }
+            if let Group::Named(name, _) = group {
+                headers.insert("narad-source-subscription".to_owned(), name.to_owned());
+            }
             let msg = NewMessage {
                 partition: None,
                 key: msg.key,
@@ -86,9 +99,9 @@ impl Broker {
             };
             self.produce(&dlq, msg).await?;
         }
-        self.committer
-            .settle(topic, partition, g.offset, g.lease_id, Settle::Ack)
-            .await?;
+        let ack = [(g.offset, g.lease_id, Settle::Ack)];
+        let mut done = self.settle_in(topic, group, partition, &ack).await;
+        done.pop().unwrap_or(Ok(()))?;
         self.changed(topic, partition);
         Ok(())
     }

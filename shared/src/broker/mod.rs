@@ -23,6 +23,7 @@ mod redrive;
 mod replay;
 mod settle;
 mod sticky;
+pub mod subscriptions;
 mod topic_cache;
 pub mod topics;
 mod watch;

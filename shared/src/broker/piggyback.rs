@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
+use super::subscriptions::Group;
 use super::{check_partition, Broker, Settle};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -169,8 +170,10 @@ impl Broker {
         {
             return Err(BrokerError::StaleTopic);
         }
+        // A subscription's handle is settled on its own ledger, never in this lease's
+        // commit (the default subscription's).
         let valid = |i: usize| match &claims[i].0 {
-            Ok(c) if fits(c) => Some(c.partition),
+            Ok(c) if fits(c) && c.subscription.is_none() => Some(c.partition),
             _ => None,
         };
         let plan = split(claims.len(), partition, topic.settings.paused, valid);
@@ -228,7 +231,7 @@ impl Broker {
             let taken = match answer {
                 Ok(answer) => {
                     let mut used = 0;
-                    self.take_leased(topic, p, answer, &mut deliveries, &mut used)
+                    self.take_leased(topic, Group::Default, p, answer, &mut deliveries, &mut used)
                         .await
                 }
                 Err(e) => Err(e),

@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
-
+use super::subscriptions::Group;
 use super::{Broker, Settle};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -92,15 +91,28 @@ impl Broker {
     ) -> BrokerResult<Vec<BrokerResult<()>>> {
         let mut results: Vec<Option<BrokerResult<()>>> = vec![None; claims.len()];
         let tag = incarnation_tag(&topic.incarnation);
-        // Per partition, the entries settled there: (index, (offset, lease id, action)).
-        let mut per: BTreeMap<u32, Vec<(usize, SettleAt)>> = BTreeMap::new();
+        // Per subscription (`None`: the default one) and partition, the entries settled
+        // there: (index, (offset, lease id, action)).
+        type Place = (Option<String>, u32);
+        let mut per: BTreeMap<Place, Vec<(usize, SettleAt)>> = BTreeMap::new();
         for (i, (c, action)) in claims.iter().enumerate() {
+            let known_sub = c
+                .as_ref()
+                .ok()
+                .and_then(|c| c.subscription.as_ref())
+                .map(|s| {
+                    topic
+                        .subscription(&s.name)
+                        .is_some_and(|rec| incarnation_tag(&rec.id) == s.tag)
+                });
             match c {
                 Err(e) => results[i] = Some(Err(e.clone())),
-                // Granted in another incarnation of the topic (deleted and created again).
+                // Granted in another incarnation of the topic (deleted and created again),
+                // or of a subscription.
                 Ok(c)
                     if c.partition >= topic.settings.partitions
-                        || (!c.incarnation.is_empty() && c.incarnation != tag) =>
+                        || (!c.incarnation.is_empty() && c.incarnation != tag)
+                        || known_sub == Some(false) =>
                 {
                     if topic.from_cache {
                         return Err(BrokerError::StaleTopic);
@@ -108,24 +120,24 @@ impl Broker {
                     results[i] = Some(Err(BrokerError::LeaseGone))
                 }
                 Ok(c) => per
-                    .entry(c.partition)
+                    .entry((c.subscription.as_ref().map(|s| s.name.clone()), c.partition))
                     .or_default()
                     .push((i, (c.offset, c.lease_id, *action))),
             }
         }
-        let mut tasks = tokio::task::JoinSet::new();
-        for (p, entries) in per {
-            let (committer, topic) = (self.committer.clone(), topic.clone());
+        let mut tasks = Vec::with_capacity(per.len());
+        for ((sub, p), entries) in per {
             let task = async move {
                 let settles: Vec<(u64, u64, Settle)> = entries.iter().map(|(_, s)| *s).collect();
-                let done = committer.settle_many(&topic, p, &settles).await;
+                let done = match Group::of(topic, sub.as_deref()) {
+                    Ok(group) => self.settle_in(topic, group, p, &settles).await,
+                    Err(_) => vec![Err(BrokerError::LeaseGone); settles.len()],
+                };
                 (entries, done)
             };
-            tasks.spawn(task.in_current_span());
+            tasks.push(task);
         }
-        while let Some(joined) = tasks.join_next().await {
-            let (entries, done) =
-                joined.map_err(|e| BrokerError::Internal(format!("settle task: {e}")))?;
+        for (entries, done) in futures::future::join_all(tasks).await {
             for ((i, _), r) in entries.into_iter().zip(done) {
                 if matches!(r, Err(BrokerError::StaleTopic)) {
                     return Err(BrokerError::StaleTopic);
@@ -143,5 +155,24 @@ impl Broker {
                 r.unwrap_or_else(|| Err(BrokerError::Internal("a handle got no result".into())))
             })
             .collect())
+    }
+
+    /// Settles `settles` (offset, lease id, action) of `group` on partition `p`, queued
+    /// together; each one's result, in order.
+    pub(super) async fn settle_in(
+        &self,
+        topic: &Topic,
+        group: Group<'_>,
+        p: u32,
+        settles: &[SettleAt],
+    ) -> Vec<BrokerResult<()>> {
+        match group {
+            Group::Default => self.committer.settle_many(topic, p, settles).await,
+            Group::Named(name, rec) => {
+                self.committer
+                    .settle_subscription(topic, (name, rec), p, settles)
+                    .await
+            }
+        }
     }
 }

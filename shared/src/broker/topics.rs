@@ -61,12 +61,16 @@ enum Created {
 }
 
 impl Broker {
-    fn record_cell<'a>(&'a self, key: &'a str) -> Cell<'a, Option<TopicRecord>> {
+    pub(super) fn record_cell<'a>(&'a self, key: &'a str) -> Cell<'a, Option<TopicRecord>> {
         Cell::new(&*self.store, &*self.ids, key, &())
     }
 
     /// Keeps a topic just read or written in the cache, as a [`Topic`].
-    fn remember(&self, name: &str, snap: Snapshot<Option<TopicRecord>>) -> BrokerResult<Topic> {
+    pub(super) fn remember(
+        &self,
+        name: &str,
+        snap: Snapshot<Option<TopicRecord>>,
+    ) -> BrokerResult<Topic> {
         self.topics.remember(name, snap)
     }
 

@@ -23,6 +23,7 @@ mod batch;
 mod chore;
 mod combine;
 mod landing;
+mod ledgers;
 mod listing;
 mod ordering;
 mod produces;
@@ -255,6 +256,8 @@ pub struct Committer {
     clock: Arc<dyn Clock>,
     wakers: Wakers,
     queues: Mutex<HashMap<(String, String, u32), Arc<Queue>>>,
+    /// Subscriptions' ledgers' queues.
+    ledgers: ledgers::Ledgers,
     /// The last id given to a batch's span ([`commit_span`]).
     next_id: AtomicU64,
     /// Counters.
@@ -318,6 +321,7 @@ impl Committer {
             clock,
             wakers: Wakers::default(),
             queues: Mutex::new(HashMap::new()),
+            ledgers: ledgers::Ledgers::default(),
             next_id: AtomicU64::new(0),
             stats: CommitStats::default(),
         }

@@ -132,6 +132,14 @@ impl From<BrokerError> for ApiError {
             BrokerError::TopicNotFound => Self::new(S::NOT_FOUND, "topic_not_found", msg),
             BrokerError::TopicConflict => Self::new(S::CONFLICT, "topic_exists", msg),
             BrokerError::TooManyTopics(_) => Self::new(S::CONFLICT, "too_many_topics", msg),
+            BrokerError::SubscriptionNotFound => {
+                Self::new(S::NOT_FOUND, "subscription_not_found", msg)
+            }
+            BrokerError::SubscriptionConflict => Self::new(S::CONFLICT, "subscription_exists", msg),
+            BrokerError::TooManySubscriptions(_) => {
+                Self::new(S::CONFLICT, "too_many_subscriptions", msg)
+            }
+            BrokerError::FleetBelow { .. } => Self::new(S::CONFLICT, "fleet_level_too_low", msg),
             BrokerError::InvalidSetting(_) => Self::new(S::BAD_REQUEST, "invalid_setting", msg),
             BrokerError::NoSuchPartition(_) => Self::new(S::BAD_REQUEST, "invalid_partition", msg),
             BrokerError::PayloadTooLarge(_) => {
@@ -148,7 +156,7 @@ impl From<BrokerError> for ApiError {
                 &crate::formats::Newer {
                     what: "receipt handle version",
                     found: version.into(),
-                    known: 1,
+                    known: 2,
                 },
             ),
             BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),

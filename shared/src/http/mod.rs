@@ -57,6 +57,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/topics/{topic}"),
     ("PATCH", "/v1/topics/{topic}"),
     ("DELETE", "/v1/topics/{topic}"),
+    ("GET", "/v1/topics/{topic}/subscriptions"),
+    ("PUT", "/v1/topics/{topic}/subscriptions/{subscription}"),
+    ("GET", "/v1/topics/{topic}/subscriptions/{subscription}"),
+    ("PATCH", "/v1/topics/{topic}/subscriptions/{subscription}"),
+    ("DELETE", "/v1/topics/{topic}/subscriptions/{subscription}"),
     ("POST", "/v1/topics/{topic}/produce"),
     ("POST", "/v1/topics/{topic}/produce-batch"),
     ("GET", "/v1/topics/{topic}/consume"),
@@ -105,6 +110,17 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
                 .get(handlers::topics::get)
                 .patch(handlers::topics::patch)
                 .delete(handlers::topics::delete),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions",
+            get(handlers::subscriptions::list),
+        )
+        .route(
+            "/v1/topics/{topic}/subscriptions/{subscription}",
+            put(handlers::subscriptions::create)
+                .get(handlers::subscriptions::get)
+                .patch(handlers::subscriptions::patch)
+                .delete(handlers::subscriptions::delete),
         )
         .route("/v1/topics/{topic}/produce", post(handlers::produce::one))
         .route(

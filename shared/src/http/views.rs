@@ -34,6 +34,58 @@ impl TopicView {
     }
 }
 
+/// A subscription: its start, its own settings and the settings it obeys.
+#[derive(Serialize)]
+pub(super) struct SubscriptionView {
+    name: String,
+    topic: String,
+    start: crate::subscription::Start,
+    created_at: String,
+    /// Its own settings (what a `PUT` or `PATCH` set).
+    settings: crate::subscription::SubscriptionSettings,
+    /// The settings its leases obey: the topic's, overlaid with its own.
+    effective: EffectiveSettings,
+}
+
+/// The delivery settings a subscription obeys.
+#[derive(Serialize)]
+struct EffectiveSettings {
+    visibility_timeout_ms: u64,
+    max_in_flight_per_partition: u32,
+    max_acked_ahead_per_partition: u32,
+    max_deliveries: u32,
+    dead_letter_topic: Option<String>,
+    paused: bool,
+}
+
+impl SubscriptionView {
+    pub(super) fn of(t: &Topic, name: &str) -> Option<Self> {
+        let rec = t.subscription(name)?;
+        let e = rec.settings.effective(&t.settings);
+        Some(Self {
+            name: name.to_owned(),
+            topic: t.name.clone(),
+            start: rec.start,
+            created_at: rfc3339_ms(rec.created_at_ms),
+            settings: rec.settings.clone(),
+            effective: EffectiveSettings {
+                visibility_timeout_ms: e.visibility_timeout_ms,
+                max_in_flight_per_partition: e.max_in_flight_per_partition,
+                max_acked_ahead_per_partition: e.max_acked_ahead_per_partition,
+                max_deliveries: e.max_deliveries,
+                dead_letter_topic: e.dead_letter_topic,
+                paused: e.paused,
+            },
+        })
+    }
+}
+
+/// `GET /v1/topics/{topic}/subscriptions`.
+#[derive(Serialize)]
+pub(super) struct SubscriptionList {
+    pub(super) subscriptions: Vec<SubscriptionView>,
+}
+
 /// `GET /v1/topics`.
 #[derive(Serialize)]
 pub(super) struct TopicList {

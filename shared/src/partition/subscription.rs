@@ -21,8 +21,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::lease::{self, Cursor, Keys, Leased};
 use super::ledger::{Ledger, LedgerMut};
-use super::{Delayed, Lease, Manifest, RECENT_WRITES};
+use super::settle::{self, Refused, Settle};
+use super::{Delayed, Lease, Manifest, Rules, RECENT_WRITES};
 use crate::cas::{Invalid, Stored};
 
 /// The newest subscription state format this build reads and writes.
@@ -104,6 +106,75 @@ impl SubscriptionState {
             acked_ahead: &mut self.acked_ahead,
         }
     }
+}
+
+/// One operation on a subscription's ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerOp {
+    /// Lease up to `max` messages, up to `max_bytes` of payload (the first always).
+    Lease {
+        /// Messages at most.
+        max: usize,
+        /// Payload bytes at most.
+        max_bytes: u64,
+    },
+    /// Settle the lease `lease_id` on `offset`.
+    Settle {
+        /// The message.
+        offset: u64,
+        /// The lease the handle names.
+        lease_id: u64,
+        /// What to do.
+        action: Settle,
+    },
+}
+
+/// What one [`LedgerOp`] got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerOutcome {
+    /// A lease request's leases and parked messages.
+    Leased(Leased),
+    /// A settle's result.
+    Settled(Result<(), Refused>),
+}
+
+/// Applies one batch of operations to a subscription's state over `log` at `now`: first
+/// what retention removed ([`SubscriptionState::catch_up`]), then every settle in order
+/// (so acks free room for the leases), then the lease requests in order, sharing one
+/// pass. One outcome per operation, in order. Per-key ordering is not applied here (a
+/// subscription of an ordered topic is refused at creation).
+pub fn apply(
+    state: &mut SubscriptionState,
+    log: &Manifest,
+    now: u64,
+    rules: &Rules,
+    ops: &[LedgerOp],
+) -> Vec<LedgerOutcome> {
+    state.catch_up(log);
+    let mut out: Vec<Option<LedgerOutcome>> = vec![None; ops.len()];
+    let mut view = state.over(log);
+    for (i, op) in ops.iter().enumerate() {
+        if let LedgerOp::Settle {
+            offset,
+            lease_id,
+            action,
+        } = *op
+        {
+            let r = settle::settle(&mut view, now, rules, offset, lease_id, action);
+            out[i] = Some(LedgerOutcome::Settled(r));
+        }
+    }
+    let mut cursor = Cursor::new(&view, now, false);
+    let keys = Keys::default();
+    for (i, op) in ops.iter().enumerate() {
+        if let LedgerOp::Lease { max, max_bytes } = *op {
+            let got = lease::lease(&mut view, now, rules, (max, max_bytes), &mut cursor, &keys);
+            out[i] = Some(LedgerOutcome::Leased(got));
+        }
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or(LedgerOutcome::Settled(Err(Refused::LeaseGone))))
+        .collect()
 }
 
 /// A subscription's state read together with the partition's log.
@@ -260,6 +331,40 @@ mod tests {
         settle(&mut b.over(&log), 10, &rules(), 3, 0, Settle::Ack).unwrap();
         assert_eq!(b.acked_ahead.iter().copied().collect::<Vec<_>>(), vec![3]);
         assert_eq!(log, before, "the log is read, never written");
+    }
+
+    #[test]
+    fn a_batch_settles_first_then_leases_and_answers_each_operation_in_order() {
+        let log = manifest_with(4);
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        let r = Rules {
+            max_in_flight: 2,
+            ..rules()
+        };
+        s.version = 1;
+        let lease2 = LedgerOp::Lease {
+            max: 2,
+            max_bytes: u64::MAX,
+        };
+        let got = apply(&mut s, &log, 10, &r, &[lease2]);
+        assert!(matches!(&got[0], LedgerOutcome::Leased(l) if l.grants.len() == 2));
+        s.version = 2;
+        let ack = |offset| LedgerOp::Settle {
+            offset,
+            lease_id: 1,
+            action: Settle::Ack,
+        };
+        // The lease comes first, yet the acks before it free its room.
+        let got = apply(&mut s, &log, 10, &r, &[lease2, ack(0), ack(9)]);
+        match &got[0] {
+            LedgerOutcome::Leased(l) => {
+                assert_eq!(l.grants.iter().map(|g| g.offset).collect::<Vec<_>>(), [2])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(got[1], LedgerOutcome::Settled(Ok(())));
+        assert_eq!(got[2], LedgerOutcome::Settled(Err(Refused::LeaseGone)));
+        assert_eq!(s.frontier, 1);
     }
 
     #[test]

@@ -21,9 +21,11 @@ use crate::http::{ApiError, AppState};
 /// Set to `true` on a 204 from a paused topic.
 pub const PAUSED_HEADER: &str = "narad-paused";
 
-/// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]][&max=N]`: 200
-/// with one message and its receipt handle, or 204; with `offset`, a read-only replay;
-/// with `max`, up to that many messages as `{"messages":[...]}`.
+/// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]][&max=N]
+/// [&subscription=S]`: 200 with one message and its receipt handle, or 204; with
+/// `offset`, a read-only replay; with `max`, up to that many messages as
+/// `{"messages":[...]}`; with `subscription`, leased for that subscription (else the
+/// topic's default one).
 pub(in crate::http) async fn consume(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -32,13 +34,19 @@ pub(in crate::http) async fn consume(
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
     allow(&caller, Action::Consume, &name)?;
-    let q = Query::parse(raw, &["wait", "partition", "offset", "max"])?;
+    let q = Query::parse(raw, &["wait", "partition", "offset", "max", "subscription"])?;
     let (wait, partition, max) = consume_query(&q)?;
     let offset: Option<u64> = q.number("offset")?;
+    let sub = q.get("subscription");
+    if sub.is_some() && offset.is_some() {
+        return Err(ApiError::bad_request(
+            "a replay reads the topic's messages: subscription does not apply",
+        ));
+    }
     let deliveries = match (partition, offset) {
         (p, None) => {
             let max = max.unwrap_or(1) as usize;
-            s.broker.consume(&name, p, wait, max).await?
+            s.broker.consume_from(&name, sub, p, wait, max).await?
         }
         (Some(p), Some(o)) => {
             if max.is_some() {
@@ -56,8 +64,11 @@ pub(in crate::http) async fn consume(
     if deliveries.is_empty() {
         // A consumer told why nothing came: the topic is paused (its settings as this
         // process has them, at most the topic cache's age old).
-        let paused =
-            offset.is_none() && s.broker.topic(&name).await.is_ok_and(|t| t.settings.paused);
+        let paused = offset.is_none()
+            && s.broker.topic(&name).await.is_ok_and(|t| {
+                crate::broker::subscriptions::Group::of(&t, sub)
+                    .is_ok_and(|g| g.settings(&t).paused)
+            });
         if paused {
             return Ok((StatusCode::NO_CONTENT, [(PAUSED_HEADER, "true")]).into_response());
         }

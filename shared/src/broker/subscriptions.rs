@@ -1,0 +1,217 @@
+//! Subscriptions (docs/design.md §5): creating, listing, changing and deleting them, and
+//! the [`Group`] a consume, settle or dead-letter move works on.
+//!
+//! A subscription's record is part of the topic record, changed by the same conditional
+//! writes as the topic's settings; its ledgers are objects of their own
+//! ([`crate::partition::subscription`]). Creating one reads every partition's manifest
+//! once, for where it starts.
+
+use crate::cas::{Decision, Pure};
+use crate::error::{BrokerError, BrokerResult};
+use crate::keys;
+use crate::settings::Ordering;
+use crate::subscription::{Start, SubscriptionInput, SubscriptionRecord};
+use crate::topic::{Topic, TopicRecord};
+
+use super::Broker;
+
+/// Which set of competing consumers an operation is for.
+#[derive(Debug, Clone, Copy)]
+pub enum Group<'a> {
+    /// The topic's default subscription (its ledger is in the manifest).
+    Default,
+    /// A named subscription.
+    Named(&'a str, &'a SubscriptionRecord),
+}
+
+impl<'a> Group<'a> {
+    /// The group `name` names on `topic` (`None`: the default one).
+    ///
+    /// Errors: [`BrokerError::InvalidSetting`] for an invalid name,
+    /// [`BrokerError::SubscriptionNotFound`].
+    pub fn of(topic: &'a Topic, name: Option<&'a str>) -> BrokerResult<Self> {
+        let Some(name) = name else {
+            return Ok(Group::Default);
+        };
+        validate_name(name)?;
+        match topic.subscriptions.get_key_value(name) {
+            Some((n, rec)) => Ok(Group::Named(n, rec)),
+            None => Err(BrokerError::SubscriptionNotFound),
+        }
+    }
+
+    /// The settings its leases and settles obey.
+    pub fn settings(&self, topic: &Topic) -> crate::settings::TopicSettings {
+        match self {
+            Group::Default => topic.settings.clone(),
+            Group::Named(_, rec) => rec.settings.effective(&topic.settings),
+        }
+    }
+}
+
+/// Checks a subscription name: the rules of topic names.
+///
+/// Errors: [`BrokerError::InvalidSetting`].
+pub fn validate_name(name: &str) -> BrokerResult<()> {
+    keys::validate_topic(name).map_err(|e| {
+        BrokerError::InvalidSetting(crate::settings::InvalidSetting(format!(
+            "invalid subscription name: {}",
+            e.0
+        )))
+    })
+}
+
+impl Broker {
+    /// Creates the subscription `sub` on topic `name`; `true` when it is new, `false`
+    /// when it existed with the same start and settings.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::SubscriptionConflict`],
+    /// [`BrokerError::TooManySubscriptions`], [`BrokerError::InvalidSetting`],
+    /// [`BrokerError::FleetBelow`].
+    pub async fn create_subscription(
+        &self,
+        name: &str,
+        sub: &str,
+        input: &SubscriptionInput,
+    ) -> BrokerResult<(bool, Topic)> {
+        keys::validate_topic(name)?;
+        validate_name(sub)?;
+        self.gate.check()?;
+        let level = self.fleet_level();
+        if !level.has_subscriptions() {
+            return Err(BrokerError::FleetBelow {
+                needed: 5,
+                level: level.0,
+            });
+        }
+        let topic = self.load_topic(name).await?;
+        if topic.settings.ordering == Ordering::Key {
+            return Err(BrokerError::InvalidSetting(
+                crate::settings::InvalidSetting(
+                    "subscriptions are not available on topics with per-key ordering".into(),
+                ),
+            ));
+        }
+        let (start, settings) = input.to_new(&topic.settings)?;
+        if let Some(existing) = topic.subscription(sub) {
+            // Known already: no manifest reads.
+            return if existing.start == start && existing.settings == settings {
+                Ok((false, topic))
+            } else {
+                Err(BrokerError::SubscriptionConflict)
+            };
+        }
+        let mut start_offsets = Vec::with_capacity(topic.settings.partitions as usize);
+        for p in 0..topic.settings.partitions {
+            let m = self.read_manifest(&topic, p).await?;
+            start_offsets.push(match start {
+                Start::Latest => m.next_offset,
+                Start::Earliest => m.start_offset,
+            });
+        }
+        let new = SubscriptionRecord {
+            id: self.ids.new_id(),
+            created_at_ms: self.clock.now_ms(),
+            start,
+            start_offsets,
+            settings,
+            unknown: serde_json::Map::new(),
+        };
+        let max = self.opts.max_subscriptions;
+        let key = keys::topic_settings(name);
+        let incarnation = topic.incarnation.clone();
+        let (created, snap) = self
+            .record_cell(&key)
+            .update(Pure(|cur: &mut Option<TopicRecord>| {
+                let Some(rec) = cur.as_mut().filter(|r| r.incarnation == incarnation) else {
+                    // Deleted, or created again since its manifests were read.
+                    return Err(BrokerError::StaleTopic);
+                };
+                if let Some(old) = rec.subscriptions.get(sub) {
+                    return if old.start == new.start && old.settings == new.settings {
+                        Ok(Decision::Keep(false))
+                    } else {
+                        Err(BrokerError::SubscriptionConflict)
+                    };
+                }
+                if rec.subscriptions.len() >= max {
+                    return Err(BrokerError::TooManySubscriptions(max));
+                }
+                rec.subscriptions.insert(sub.to_owned(), new.clone());
+                Ok(Decision::Commit(true))
+            }))
+            .await?;
+        let topic = self.remember(name, snap)?;
+        Ok((created, topic))
+    }
+
+    /// Changes the settings of subscription `sub` that can change.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::SubscriptionNotFound`],
+    /// [`BrokerError::InvalidSetting`].
+    pub async fn patch_subscription(
+        &self,
+        name: &str,
+        sub: &str,
+        input: &SubscriptionInput,
+    ) -> BrokerResult<Topic> {
+        keys::validate_topic(name)?;
+        validate_name(sub)?;
+        self.gate.check()?;
+        let key = keys::topic_settings(name);
+        let (_, snap) = self
+            .record_cell(&key)
+            .update(Pure(|cur: &mut Option<TopicRecord>| {
+                let Some(rec) = cur else {
+                    return Err(BrokerError::TopicNotFound);
+                };
+                let Some(old) = rec.subscriptions.get(sub) else {
+                    return Err(BrokerError::SubscriptionNotFound);
+                };
+                let settings = input.apply_to(old, &rec.settings)?;
+                if settings == old.settings {
+                    return Ok(Decision::Keep(()));
+                }
+                if let Some(s) = rec.subscriptions.get_mut(sub) {
+                    s.settings = settings;
+                }
+                Ok(Decision::Commit(()))
+            }))
+            .await?;
+        let topic = self.remember(name, snap)?;
+        self.committer.wakers().wake(name);
+        Ok(topic)
+    }
+
+    /// Deletes subscription `sub` and its ledgers: its outstanding handles get 410.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::SubscriptionNotFound`].
+    pub async fn delete_subscription(&self, name: &str, sub: &str) -> BrokerResult<()> {
+        keys::validate_topic(name)?;
+        validate_name(sub)?;
+        self.gate.check()?;
+        let key = keys::topic_settings(name);
+        let (_, snap) = self
+            .record_cell(&key)
+            .update(Pure(|cur: &mut Option<TopicRecord>| {
+                let Some(rec) = cur else {
+                    return Err(BrokerError::TopicNotFound);
+                };
+                if rec.subscriptions.remove(sub).is_none() {
+                    return Err(BrokerError::SubscriptionNotFound);
+                }
+                Ok(Decision::Commit(()))
+            }))
+            .await?;
+        self.remember(name, snap)?;
+        // The record went first: the ledgers left by an interrupted delete belong to a
+        // removed creation, which a new subscription of the name reads as empty.
+        let prefix = keys::subscription_prefix(name, sub);
+        let deleted = self.store.list(&prefix).await?;
+        for k in &deleted {
+            self.store.delete(k).await?;
+        }
+        self.store.delete_folders(&prefix, &deleted).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,290 @@
+//! Group commit of subscriptions' ledgers (docs/design.md §5): one conditional write of
+//! `topics/{t}/subs/{s}/{p}.json` for every lease request and settle queued on that
+//! subscription's partition while the previous write was in flight.
+//!
+//! A batch reads the partition's log first (the manifest, by a conditional read that
+//! transfers nothing when it has not changed since this process last read it), then
+//! applies [`crate::partition::subscription::apply`] to the subscription's state by the
+//! CAS protocol, starting from the state this process wrote or read last. It never writes
+//! the manifest: a produce costs the same whatever the number of subscriptions.
+//!
+//! As with the partition's own queue, an operation once queued is committed even if its
+//! caller goes away (a lease granted to a vanished caller lapses).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use super::{answer, lock, Committer, LeaseAnswer};
+use crate::cas::{Cell, Decision, Pure, Snapshot};
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, SubscriptionState};
+use crate::partition::{Layout, Manifest, Rules, Settle};
+use crate::subscription::SubscriptionRecord;
+use crate::topic::Topic;
+
+/// The ledgers' queues of one process.
+#[derive(Default)]
+pub(super) struct Ledgers {
+    queues: Mutex<HashMap<LedgerKey, Arc<LedgerQueue>>>,
+}
+
+/// Which ledger a queue commits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LedgerKey {
+    topic: String,
+    incarnation: String,
+    subscription: String,
+    /// The subscription's id ([`Origin::id`]).
+    id: String,
+    partition: u32,
+}
+
+struct LedgerQueue {
+    manifest_key: String,
+    ledger_key: String,
+    incarnation: String,
+    origin: Origin,
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    pending: Vec<(LedgerOp, Rules, Answer)>,
+    running: bool,
+    /// The log as last read.
+    log: Option<Snapshot<Manifest>>,
+    /// The ledger as last written or read.
+    ledger: Option<Snapshot<SubscriptionState>>,
+}
+
+enum Answer {
+    Lease(oneshot::Sender<BrokerResult<LeaseAnswer>>),
+    Settle(oneshot::Sender<BrokerResult<()>>),
+}
+
+impl Answer {
+    fn fail(self, e: BrokerError) {
+        match self {
+            Answer::Lease(tx) => drop(tx.send(Err(e))),
+            Answer::Settle(tx) => drop(tx.send(Err(e))),
+        }
+    }
+}
+
+impl Committer {
+    /// Leases up to `max` messages of about `max_bytes` (the first whatever its size) for
+    /// the subscription `sub` on `partition`.
+    ///
+    /// Errors: [`BrokerError::StaleTopic`] when the topic was created again, storage
+    /// failures ([`BrokerError::Contention`], [`BrokerError::Store`]).
+    pub async fn lease_subscription(
+        self: &Arc<Self>,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+        (max, max_bytes): (usize, u64),
+    ) -> BrokerResult<LeaseAnswer> {
+        let (tx, rx) = oneshot::channel();
+        let op = LedgerOp::Lease { max, max_bytes };
+        self.enqueue_ledger(topic, (name, sub), partition, [(op, Answer::Lease(tx))]);
+        answer(rx).await
+    }
+
+    /// Settles `settles` (offset, lease id, action) of the subscription `sub` on
+    /// `partition`, queued together; each one's result, in order.
+    ///
+    /// Errors: [`BrokerError::LeaseGone`], [`BrokerError::AckedAheadFull`], and as
+    /// [`Committer::lease_subscription`], each its own.
+    pub async fn settle_subscription(
+        self: &Arc<Self>,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+        settles: &[(u64, u64, Settle)],
+    ) -> Vec<BrokerResult<()>> {
+        let mut answers = Vec::with_capacity(settles.len());
+        let ops: Vec<(LedgerOp, Answer)> = settles
+            .iter()
+            .map(|&(offset, lease_id, action)| {
+                let (tx, rx) = oneshot::channel();
+                answers.push(rx);
+                let op = LedgerOp::Settle {
+                    offset,
+                    lease_id,
+                    action,
+                };
+                (op, Answer::Settle(tx))
+            })
+            .collect();
+        self.enqueue_ledger(topic, (name, sub), partition, ops);
+        let mut results = Vec::with_capacity(answers.len());
+        for rx in answers {
+            results.push(answer(rx).await);
+        }
+        results
+    }
+
+    fn enqueue_ledger(
+        self: &Arc<Self>,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+        ops: impl IntoIterator<Item = (LedgerOp, Answer)>,
+    ) {
+        let key = LedgerKey {
+            topic: topic.name.clone(),
+            incarnation: topic.incarnation.clone(),
+            subscription: name.to_owned(),
+            id: sub.id.clone(),
+            partition,
+        };
+        let queue = lock(&self.ledgers.queues)
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(LedgerQueue {
+                    manifest_key: topic.manifest_key(partition),
+                    ledger_key: crate::keys::subscription_ledger(&topic.name, name, partition),
+                    incarnation: topic.incarnation.clone(),
+                    origin: Origin {
+                        id: sub.id.clone(),
+                        start: sub.start_offset(partition),
+                    },
+                    state: Mutex::new(QueueState::default()),
+                })
+            })
+            .clone();
+        let rules = Rules::from(&sub.settings.effective(&topic.settings));
+        let start = {
+            let mut st = lock(&queue.state);
+            st.pending
+                .extend(ops.into_iter().map(|(op, tx)| (op, rules, tx)));
+            !std::mem::replace(&mut st.running, true)
+        };
+        if start {
+            let me = self.clone();
+            tokio::spawn(async move { me.drain_ledger(queue).await });
+        }
+    }
+
+    /// Commits batches until the queue is empty.
+    async fn drain_ledger(self: Arc<Self>, q: Arc<LedgerQueue>) {
+        loop {
+            let (batch, log, ledger) = {
+                let mut st = lock(&q.state);
+                if st.pending.is_empty() {
+                    st.running = false;
+                    return;
+                }
+                (
+                    std::mem::take(&mut st.pending),
+                    st.log.take(),
+                    st.ledger.take(),
+                )
+            };
+            let (log, ledger) = self.ledger_batch(&q, batch, log, ledger).await;
+            let mut st = lock(&q.state);
+            st.log = log;
+            st.ledger = ledger;
+        }
+    }
+
+    /// One batch: read the log, apply every operation to the ledger in one write, answer
+    /// each. Returns what the next batch may start from.
+    async fn ledger_batch(
+        &self,
+        q: &LedgerQueue,
+        batch: Vec<(LedgerOp, Rules, Answer)>,
+        mut log: Option<Snapshot<Manifest>>,
+        mut ledger: Option<Snapshot<SubscriptionState>>,
+    ) -> (
+        Option<Snapshot<Manifest>>,
+        Option<Snapshot<SubscriptionState>>,
+    ) {
+        let store = &*self.store;
+        let logs = Cell::<Manifest>::new(store, &*self.ids, &q.manifest_key, &q.incarnation);
+        let read = match log.as_mut() {
+            Some(snap) => logs.refresh::<BrokerError>(snap).await.map(|_| ()),
+            None => logs.read::<BrokerError>().await.map(|s| log = Some(s)),
+        };
+        let log = match (read, log) {
+            (Ok(()), Some(log)) => log,
+            (Err(e), _) => {
+                let e = BrokerError::from(e);
+                for (_, _, tx) in batch {
+                    tx.fail(e.clone());
+                }
+                return (None, ledger);
+            }
+            (Ok(()), None) => {
+                for (_, _, tx) in batch {
+                    tx.fail(BrokerError::Internal("the log was not read".into()));
+                }
+                return (None, ledger);
+            }
+        };
+        // One rule set per batch: the newest operation's (they differ only across a
+        // settings change, which reaches every operation within the topic cache period).
+        let rules = batch
+            .last()
+            .map(|(_, r, _)| *r)
+            .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()));
+        let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
+        let now = self.clock.now_ms();
+        let cell = Cell::<SubscriptionState>::new(store, &*self.ids, &q.ledger_key, &q.origin);
+        let done = cell
+            .update_in(
+                &mut ledger,
+                &mut Pure(|s: &mut SubscriptionState| {
+                    let before = s.clone();
+                    let out = subscription::apply(s, &log.value, now, &rules, &ops);
+                    let changed = s.frontier != before.frontier
+                        || s.leases != before.leases
+                        || s.acked_ahead != before.acked_ahead
+                        || s.lost != before.lost;
+                    Ok::<_, BrokerError>(if changed {
+                        Decision::Commit(out)
+                    } else {
+                        Decision::Keep(out)
+                    })
+                }),
+            )
+            .await;
+        match done {
+            Ok(outcomes) => {
+                let layout = Arc::new(Layout {
+                    start_offset: log.value.start_offset,
+                    next_offset: log.value.next_offset,
+                    indexes: log.value.indexes.clone(),
+                    segments: log.value.segments.clone(),
+                });
+                for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
+                    match (tx, out) {
+                        (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
+                            let layout = layout.clone();
+                            drop(tx.send(Ok(LeaseAnswer {
+                                leased,
+                                layout,
+                                shared: false,
+                            })));
+                        }
+                        (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
+                            drop(tx.send(r.map_err(BrokerError::from)));
+                        }
+                        (tx, _) => tx.fail(BrokerError::Internal(
+                            "a ledger operation got another's outcome".into(),
+                        )),
+                    }
+                }
+            }
+            Err(e) => {
+                let e = BrokerError::from(e);
+                for (_, _, tx) in batch {
+                    tx.fail(e.clone());
+                }
+            }
+        }
+        (Some(log), ledger)
+    }
+}

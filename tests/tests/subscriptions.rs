@@ -1,0 +1,147 @@
+//! Subscriptions (issue 28): several independent sets of competing consumers on one
+//! topic, each receiving every message produced after its creation, with its own leases
+//! and acks; the default subscription unchanged.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use narad_tests::Server;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+async fn put_sub(s: &Server, topic: &str, sub: &str, body: Value) -> (StatusCode, Value) {
+    let r = s
+        .req(
+            Method::PUT,
+            &format!("/v1/topics/{topic}/subscriptions/{sub}"),
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Consumes everything available for `sub` (one at a time), acking each; the payloads.
+async fn drain(s: &Server, topic: &str, sub: &str) -> Vec<u64> {
+    let mut got = Vec::new();
+    while let Some(m) = s.consume(topic, &format!("subscription={sub}")).await {
+        got.push(m["payload"]["n"].as_u64().unwrap());
+        let h = m["receipt_handle"].as_str().unwrap();
+        assert_eq!(s.ack(topic, h, "").await, StatusCode::NO_CONTENT, "{m}");
+    }
+    got.sort_unstable();
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_subscription_gets_every_message_and_acks_on_its_own() {
+    let s = Server::start().await;
+    s.create_topic("fan", json!({"partitions": 2})).await;
+    for n in 0..3 {
+        s.produce("fan", json!({ "n": n }).to_string()).await;
+    }
+    let (status, v) = put_sub(&s, "fan", "billing", json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["start"], "latest");
+    let (status, _) = put_sub(&s, "fan", "billing", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "the same again");
+    let (status, v) = put_sub(&s, "fan", "billing", json!({"start": "earliest"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"]["code"], "subscription_exists");
+    put_sub(&s, "fan", "search", json!({"visibility_timeout_ms": 1000})).await;
+    for n in 3..8 {
+        s.produce("fan", json!({ "n": n }).to_string()).await;
+    }
+    let (status, _) = put_sub(&s, "fan", "audit", json!({"start": "earliest"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // A lease of one subscription is not settled by another's consumers, and its
+    // handle names its subscription.
+    let m = s.consume("fan", "subscription=billing").await.unwrap();
+    let held = m["receipt_handle"].as_str().unwrap().to_owned();
+    assert!(held.starts_with("v2."), "{held}");
+    assert_eq!(drain(&s, "fan", "search").await, vec![3, 4, 5, 6, 7]);
+    let mut rest = drain(&s, "fan", "billing").await;
+    assert_eq!(s.ack("fan", &held, "").await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        s.ack("fan", &held, "").await,
+        StatusCode::GONE,
+        "acked once"
+    );
+    rest.push(m["payload"]["n"].as_u64().unwrap());
+    rest.sort_unstable();
+    assert_eq!(rest, vec![3, 4, 5, 6, 7]);
+    assert_eq!(drain(&s, "fan", "audit").await, (0..8).collect::<Vec<_>>());
+    // The default subscription saw none of it: every message is still there.
+    let mut default = Vec::new();
+    while let Some(m) = s.consume("fan", "").await {
+        default.push(m["payload"]["n"].as_u64().unwrap());
+        let h = m["receipt_handle"].as_str().unwrap();
+        assert!(h.starts_with("v1."));
+        assert_eq!(s.ack("fan", h, "").await, StatusCode::NO_CONTENT);
+    }
+    default.sort_unstable();
+    assert_eq!(default, (0..8).collect::<Vec<_>>());
+    // New messages reach every subscription again.
+    s.produce("fan", json!({ "n": 8 }).to_string()).await;
+    for sub in ["billing", "search", "audit"] {
+        assert_eq!(drain(&s, "fan", sub).await, vec![8], "{sub}");
+    }
+
+    let r = s
+        .req(Method::GET, "/v1/topics/fan/subscriptions")
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let names: Vec<&str> = v["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["audit", "billing", "search"]);
+    assert_eq!(
+        v["subscriptions"][2]["effective"]["visibility_timeout_ms"],
+        1000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_subscription_answers_404_and_its_handles_410() {
+    let s = Server::start().await;
+    s.create_topic("gone", json!({})).await;
+    put_sub(&s, "gone", "a", json!({})).await;
+    s.produce("gone", json!({ "n": 1 }).to_string()).await;
+    let m = s.consume("gone", "subscription=a").await.unwrap();
+    let h = m["receipt_handle"].as_str().unwrap().to_owned();
+    let r = s
+        .req(Method::DELETE, "/v1/topics/gone/subscriptions/a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = s.consume_raw("gone", "subscription=a").await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "subscription_not_found");
+    assert_eq!(s.ack("gone", &h, "").await, StatusCode::GONE);
+    // Created again under the same name: a new subscription, the old handle still 410.
+    put_sub(&s, "gone", "a", json!({"start": "earliest"})).await;
+    assert_eq!(s.ack("gone", &h, "").await, StatusCode::GONE);
+    let m = s.consume("gone", "subscription=a").await.unwrap();
+    assert_eq!(m["payload"]["n"], 1);
+    for (query, code) in [
+        ("subscription=a%20b", StatusCode::BAD_REQUEST),
+        (
+            "subscription=a&partition=0&offset=0",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let r = s.consume_raw("gone", query).await;
+        assert_eq!(r.status(), code, "{query}");
+    }
+    let (status, v) = put_sub(&s, "gone", "b", json!({"strat": "earliest"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+}
