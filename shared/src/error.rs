@@ -76,6 +76,9 @@ pub enum BrokerError {
         "this partition holds too many delayed messages; retry later or produce without a delay"
     )]
     DelayedFull,
+    /// No retained message at that offset.
+    #[error("no retained message at that offset")]
+    MessageNotFound,
     /// The replayed offset was deleted by retention.
     #[error("offset {0} has been deleted by retention")]
     OffsetExpired(u64),

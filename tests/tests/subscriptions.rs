@@ -145,3 +145,85 @@ async fn a_deleted_subscription_answers_404_and_its_handles_410() {
     let (status, v) = put_sub(&s, "gone", "b", json!({"strat": "earliest"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
 }
+
+async fn cancel(s: &Server, topic: &str, p: u32, o: u64, query: &str) -> (StatusCode, Value) {
+    let r = s
+        .req(
+            Method::DELETE,
+            &format!("/v1/topics/{topic}/messages/{p}/{o}?{query}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_message_is_never_delivered_and_its_lease_is_gone() {
+    let s = Server::start().await;
+    s.create_topic("cx", json!({})).await;
+    put_sub(&s, "cx", "a", json!({})).await;
+    put_sub(&s, "cx", "b", json!({})).await;
+    let (_, delayed) = s
+        .produce_q("cx", "delay=1500ms", json!({ "n": 0 }).to_string())
+        .await;
+    let (_, one) = s.produce("cx", json!({ "n": 1 }).to_string()).await;
+    s.produce("cx", json!({ "n": 2 }).to_string()).await;
+    // The delayed message, for every subscription.
+    assert_eq!(
+        cancel(&s, "cx", 0, delayed, "").await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        cancel(&s, "cx", 0, delayed, "").await.0,
+        StatusCode::NO_CONTENT,
+        "again: settled already"
+    );
+    // A leased message, for one subscription: its handle is gone, the others still get it.
+    let m = s.consume("cx", "subscription=a").await.unwrap();
+    assert_eq!(m["offset"], one);
+    let h = m["receipt_handle"].as_str().unwrap().to_owned();
+    let (status, v) = cancel(&s, "cx", 0, one, "subscription=a").await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    assert_eq!(s.ack("cx", &h, "").await, StatusCode::GONE);
+    assert_eq!(drain(&s, "cx", "a").await, vec![2]);
+    assert_eq!(drain(&s, "cx", "b").await, vec![1, 2]);
+    // Bad input.
+    for (p, o, q, status, code) in [
+        (0, 99, "", StatusCode::NOT_FOUND, "message_not_found"),
+        (
+            0,
+            0,
+            "subscription=zz",
+            StatusCode::NOT_FOUND,
+            "subscription_not_found",
+        ),
+        (3, 0, "", StatusCode::BAD_REQUEST, "invalid_partition"),
+    ] {
+        let (got, v) = cancel(&s, "cx", p, o, q).await;
+        assert_eq!(
+            (got, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{v}"
+        );
+    }
+    let r = s
+        .req(Method::DELETE, "/v1/topics/cx/messages/x/0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // Past its delay, the cancelled message reaches nobody.
+    tokio::time::sleep(std::time::Duration::from_millis(1700)).await;
+    assert_eq!(drain(&s, "cx", "a").await, Vec::<u64>::new());
+    assert_eq!(drain(&s, "cx", "b").await, Vec::<u64>::new());
+    let mut default = Vec::new();
+    while let Some(m) = s.consume("cx", "").await {
+        default.push(m["payload"]["n"].as_u64().unwrap());
+        let h = m["receipt_handle"].as_str().unwrap();
+        assert_eq!(s.ack("cx", h, "").await, StatusCode::NO_CONTENT);
+    }
+    default.sort_unstable();
+    assert_eq!(default, vec![1, 2]);
+}

@@ -157,6 +157,52 @@ impl Broker {
             .collect())
     }
 
+    /// Cancels the retained message at `offset` of `partition`: settles it for the
+    /// subscription `sub`, or for every subscription (the default one included) when
+    /// `None`. A live lease's handle then gets 410; a delayed message is never delivered.
+    /// Settled already: nothing changes (204 again).
+    ///
+    /// Errors: [`BrokerError::MessageNotFound`] when the offset is not retained,
+    /// [`BrokerError::NoSuchPartition`], [`BrokerError::SubscriptionNotFound`],
+    /// [`BrokerError::AckedAheadFull`] (the acked-ahead window is full: retry later).
+    pub async fn cancel(
+        &self,
+        name: &str,
+        partition: u32,
+        offset: u64,
+        sub: Option<&str>,
+    ) -> BrokerResult<()> {
+        keys::validate_topic(name)?;
+        self.gate().check()?;
+        self.with_topic(name, |topic| async move {
+            super::check_partition(&topic, partition)?;
+            let group = Group::of(&topic, sub)?;
+            let m = self.read_manifest(&topic, partition).await?;
+            if offset < m.start_offset || offset >= m.next_offset {
+                return Err(BrokerError::MessageNotFound);
+            }
+            let groups: Vec<Group<'_>> = match (sub, group) {
+                (Some(_), g) => vec![g],
+                (None, _) => std::iter::once(Group::Default)
+                    .chain(topic.subscriptions.iter().map(|(n, r)| Group::Named(n, r)))
+                    .collect(),
+            };
+            let cancel = [(offset, 0, Settle::Cancel)];
+            let done = futures::future::join_all(
+                groups
+                    .iter()
+                    .map(|&g| self.settle_in(&topic, g, partition, &cancel)),
+            )
+            .await;
+            self.changed(&topic, partition);
+            done.into_iter()
+                .flatten()
+                .collect::<BrokerResult<Vec<()>>>()?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Settles `settles` (offset, lease id, action) of `group` on partition `p`, queued
     /// together; each one's result, in order.
     pub(super) async fn settle_in(

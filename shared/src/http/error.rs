@@ -160,6 +160,7 @@ impl From<BrokerError> for ApiError {
                 },
             ),
             BrokerError::LeaseGone => Self::new(S::GONE, "lease_gone", msg),
+            BrokerError::MessageNotFound => Self::new(S::NOT_FOUND, "message_not_found", msg),
             BrokerError::OffsetExpired(_) => Self::new(S::GONE, "offset_expired", msg),
             BrokerError::AckedAheadFull => Self::unavailable("acked_ahead_full", msg),
             BrokerError::DelayedFull => Self {

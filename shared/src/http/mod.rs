@@ -26,7 +26,7 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 pub use error::ApiError;
@@ -67,6 +67,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/topics/{topic}/consume"),
     ("POST", "/v1/topics/{topic}/consume"),
     ("POST", "/v1/topics/{topic}/ack"),
+    ("DELETE", "/v1/topics/{topic}/messages/{partition}/{offset}"),
     ("POST", "/v1/topics/{topic}/purge"),
     ("POST", "/v1/topics/{topic}/redrive"),
 ];
@@ -132,6 +133,10 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
             get(handlers::consume::consume).post(handlers::consume::consume_acking),
         )
         .route("/v1/topics/{topic}/ack", post(handlers::ack::ack))
+        .route(
+            "/v1/topics/{topic}/messages/{partition}/{offset}",
+            delete(handlers::ack::cancel),
+        )
         .route("/v1/topics/{topic}/purge", post(handlers::topics::purge))
         .route(
             "/v1/topics/{topic}/redrive",

@@ -109,6 +109,7 @@ impl Intent {
                 Settle::ExtendFor(ms) => format!("x{offset}.{lease_id}.{ms}"),
                 Settle::Nack => format!("n{offset}.{lease_id}"),
                 Settle::Release => format!("r{offset}.{lease_id}"),
+                Settle::Cancel => format!("c{offset}.{lease_id}"),
             },
             Ask::Lease { max, max_bytes } => format!("l{max}.{max_bytes}"),
         };
@@ -142,6 +143,7 @@ impl Intent {
             "e" => settle(Settle::Extend)?,
             "n" => settle(Settle::Nack)?,
             "r" => settle(Settle::Release)?,
+            "c" => settle(Settle::Cancel)?,
             "x" => match nums[..] {
                 [offset, lease_id, ms] => Ask::Settle {
                     offset,
@@ -351,6 +353,11 @@ mod tests {
                 offset: 3,
                 lease_id: 4,
                 action: Settle::Release,
+            },
+            Ask::Settle {
+                offset: 8,
+                lease_id: 0,
+                action: Settle::Cancel,
             },
             Ask::Lease {
                 max: 10,

@@ -26,6 +26,10 @@ pub enum Settle {
     /// Make the message available again at once and take back its delivery: the
     /// consumer never saw it (the response had no room for it).
     Release,
+    /// Settle the message forever whether or not it is leased (the lease id is not
+    /// checked): `DELETE /v1/topics/{t}/messages/{p}/{o}`. A live lease's handle then
+    /// gets 410; a delayed message is never delivered. Settled already: nothing changes.
+    Cancel,
 }
 
 /// Why a partition refused a settle.
@@ -50,21 +54,27 @@ pub fn settle(
     lease_id: u64,
     action: Settle,
 ) -> Result<(), Refused> {
-    let live = m
-        .leases()
-        .get(&o)
-        .is_some_and(|l| l.lease_id == lease_id && l.deadline_ms > now);
-    if !live {
-        return Err(Refused::LeaseGone);
+    if action == Settle::Cancel {
+        if o < m.frontier() || o >= m.next_offset() || m.acked_ahead().contains(&o) {
+            return Ok(());
+        }
+    } else {
+        let live = m
+            .leases()
+            .get(&o)
+            .is_some_and(|l| l.lease_id == lease_id && l.deadline_ms > now);
+        if !live {
+            return Err(Refused::LeaseGone);
+        }
     }
     let mut m = m.parts_mut();
     match action {
-        Settle::Ack if o == *m.frontier => {
+        Settle::Ack | Settle::Cancel if o == *m.frontier => {
             m.leases.remove(&o);
             *m.frontier += 1;
             m.advance_frontier();
         }
-        Settle::Ack => {
+        Settle::Ack | Settle::Cancel => {
             if m.acked_ahead.len() >= rules.max_acked_ahead as usize {
                 return Err(Refused::AckedAheadFull);
             }
@@ -94,6 +104,44 @@ pub fn settle(
 mod tests {
     use super::*;
     use crate::partition::testing::{leased, manifest_with, rules};
+
+    #[test]
+    fn cancel_settles_leased_delayed_or_available_messages_and_keeps_the_delay() {
+        let mut m = manifest_with(5);
+        leased(&mut m, &[1], 7, 1000);
+        m.delay(3, 4, 9000);
+        // A leased message: settled, its handle no longer holds.
+        settle(&mut m, 10, &rules(), 1, 0, Settle::Cancel).unwrap();
+        assert!(m.leases.is_empty() && m.acked_ahead.contains(&1));
+        assert_eq!(
+            settle(&mut m, 10, &rules(), 1, 7, Settle::Ack),
+            Err(Refused::LeaseGone)
+        );
+        // A delayed one: settled; the delay stays for other subscriptions.
+        settle(&mut m, 10, &rules(), 3, 0, Settle::Cancel).unwrap();
+        assert!(m.delayed_until(3, 10).is_some());
+        // The frontier message: the frontier moves past every settled one.
+        settle(&mut m, 10, &rules(), 0, 0, Settle::Cancel).unwrap();
+        assert_eq!(m.frontier, 2);
+        // Settled already, or not there: nothing changes.
+        let before = m.clone();
+        for o in [0, 1, 3, 99] {
+            settle(&mut m, 10, &rules(), o, 0, Settle::Cancel).unwrap();
+        }
+        assert_eq!(m, before);
+        let mut got = Vec::new();
+        let mut cur = crate::partition::lease::Cursor::new(&m, 10_000, false);
+        let l = crate::partition::lease::lease(
+            &mut m,
+            10_000,
+            &rules(),
+            (9, u64::MAX),
+            &mut cur,
+            &Default::default(),
+        );
+        got.extend(l.grants.iter().map(|g| g.offset));
+        assert_eq!(got, [2, 4], "a cancelled message is never delivered");
+    }
 
     #[test]
     fn ack_at_the_frontier_advances_over_acked_ahead() {

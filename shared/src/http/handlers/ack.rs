@@ -62,3 +62,35 @@ async fn ack_batch(
     let results = results.into_iter().map(EntryResult::settled).collect();
     Ok(Json(BatchResults { results }).into_response())
 }
+
+/// `DELETE /v1/topics/{topic}/messages/{partition}/{offset}[?subscription=S]`: cancel one
+/// retained message (204): settled for every subscription, or only for `S`; delayed ones
+/// are never delivered, a live lease's handle then gets 410. 404 `message_not_found` when
+/// the offset is not retained. For every subscription it needs `produce` on the topic
+/// (the producer takes back what it produced); for one, `consume` (as acking it would).
+pub(in crate::http) async fn cancel(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let Ok(Path((name, partition, offset))) = path else {
+        return Err(ApiError::bad_request("invalid path"));
+    };
+    let q = Query::parse(raw, &["subscription"])?;
+    let sub = q.get("subscription");
+    let action = if sub.is_some() {
+        Action::Consume
+    } else {
+        Action::Produce
+    };
+    allow(&caller, action, &name)?;
+    let partition: u32 = partition
+        .parse()
+        .map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?;
+    let offset: u64 = offset
+        .parse()
+        .map_err(|_| ApiError::bad_request("offset must be a non-negative integer"))?;
+    s.broker.cancel(&name, partition, offset, sub).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
