@@ -227,3 +227,49 @@ async fn a_cancelled_message_is_never_delivered_and_its_lease_is_gone() {
     default.sort_unstable();
     assert_eq!(default, vec![1, 2]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_shows_its_own_backlog_per_partition() {
+    let s = Server::start().await;
+    s.create_topic("figures", json!({})).await;
+    put_sub(&s, "figures", "a", json!({})).await;
+    for n in 0..3 {
+        s.produce("figures", json!({ "n": n }).to_string()).await;
+    }
+    s.produce_q("figures", "delay=1h", json!({ "n": 3 }).to_string())
+        .await;
+    let m = s.consume("figures", "subscription=a").await.unwrap();
+    assert_eq!(m["offset"], 0);
+    let r = s
+        .req(Method::GET, "/v1/topics/figures/subscriptions/a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    let p = &v["partitions"][0];
+    assert_eq!(
+        (
+            &p["frontier"],
+            &p["next_offset"],
+            &p["available"],
+            &p["in_flight"],
+            &p["delayed"],
+            &p["lost"]
+        ),
+        (
+            &json!(0),
+            &json!(4),
+            &json!(2),
+            &json!(1),
+            &json!(1),
+            &json!(0)
+        ),
+        "{v}"
+    );
+    assert!(p["oldest_available_age_ms"].is_u64(), "{v}");
+    // The default subscription's figures are its own.
+    let t = s.topic("figures").await;
+    assert_eq!(t["partitions"][0]["available"], 3, "{t}");
+    assert_eq!(t["partitions"][0]["in_flight"], 0, "{t}");
+}

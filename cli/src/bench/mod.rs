@@ -80,6 +80,12 @@ pub struct BenchArgs {
     /// (`POST /v1/topics/{t}/consume`, one commit for both) instead of a separate ack.
     #[arg(long, conflicts_with = "split")]
     pub piggyback: bool,
+    /// After the phases on the benchmark topic, run produce and consume+ack again on a
+    /// second topic with this many subscriptions, consuming and acking one of them
+    /// (`produce/subs`, `c+a/sub`): what a produce costs with subscriptions, and one
+    /// subscription's throughput beside the default subscription's.
+    #[arg(long, default_value_t = 0, conflicts_with_all = ["split", "piggyback"])]
+    pub subscriptions: usize,
 }
 
 /// What a worker does once the phase's messages are all claimed.
@@ -163,6 +169,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 next: Arc::default(),
             }),
             topic: topic.clone(),
+            subscription: None,
             batch: args.batch.max(1),
             keys: args.keys,
             sent: sent.clone(),
@@ -297,6 +304,82 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         phases.push(consume_ack);
         sampler.abort();
     }
+    if args.subscriptions > 0 {
+        let with_subs = format!("{topic}-subs");
+        let base: Vec<Client> = (0..servers.bases.len()).map(&pick).collect();
+        let producers: Arc<Vec<Client>> = Arc::new(
+            base.iter()
+                .map(|cl| Client {
+                    topic: with_subs.clone(),
+                    ..cl.clone()
+                })
+                .collect(),
+        );
+        let consumers: Arc<Vec<Client>> = Arc::new(
+            producers
+                .iter()
+                .map(|cl| Client {
+                    subscription: Some("s0".into()),
+                    ..cl.clone()
+                })
+                .collect(),
+        );
+        let r = c
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/topics/{with_subs}"),
+                settings.to_string(),
+            )
+            .await?;
+        if !r.status().is_success() {
+            return Err(format!("create topic: {}", r.status()));
+        }
+        for i in 0..args.subscriptions {
+            let r = c
+                .send(
+                    reqwest::Method::PUT,
+                    &format!("/v1/topics/{with_subs}/subscriptions/s{i}"),
+                    String::new(),
+                )
+                .await?;
+            if !r.status().is_success() {
+                return Err(format!(
+                    "create subscription: {} {}",
+                    r.status(),
+                    r.text().await.unwrap_or_default()
+                ));
+            }
+        }
+        phases.push(
+            phase("produce/subs", &servers, workers, &args, WorkerEnd::Stop, {
+                let payload = payload.clone();
+                move |w, n| {
+                    let (c, payload) = (producers[w % producers.len()].clone(), payload.clone());
+                    async move { c.produce(&payload, n).await }
+                }
+            })
+            .await?,
+        );
+        phases.push(
+            phase("c+a/sub", &servers, workers, &args, WorkerEnd::Stop, {
+                move |w, n| {
+                    let c = consumers[w % consumers.len()].clone();
+                    async move {
+                        let got = c.consume(n).await?;
+                        c.ack(&got).await
+                    }
+                }
+            })
+            .await?,
+        );
+        let _ = c
+            .send(
+                reqwest::Method::DELETE,
+                &format!("/v1/topics/{with_subs}"),
+                String::new(),
+            )
+            .await;
+    }
     sizes.record().await;
     let _ = c
         .send(
@@ -331,6 +414,12 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if args.piggyback {
         println!(
             "acks piggybacked: each consume carries the acks of what the client leased before"
+        );
+    }
+    if args.subscriptions > 0 {
+        println!(
+            "produce/subs, c+a/sub: a second topic with {} subscriptions; c+a/sub consumes and acks one of them",
+            args.subscriptions
         );
     }
     println!("store serial CAS rate: {cas_rate:.1} commits/s (one writer: GET + conditional PUT per commit)");
@@ -637,6 +726,8 @@ struct Client {
     /// `--rotate`: every request goes to the next process instead of `base`.
     rotation: Option<Rotation>,
     topic: String,
+    /// The subscription consumes lease for (`None`: the topic's default one).
+    subscription: Option<String>,
     batch: usize,
     /// Keys to give messages, round-robin (0: none), counted over all clients by `sent`.
     keys: usize,
@@ -725,11 +816,15 @@ impl Client {
 
     /// Consumes up to `n` messages (one request); returns their receipt handles.
     async fn consume(&self, n: usize) -> Result<Vec<String>, String> {
-        let q = if self.batch == 1 {
+        let mut q = if self.batch == 1 {
             String::new()
         } else {
             format!("?max={n}")
         };
+        if let Some(sub) = &self.subscription {
+            q.push(if q.is_empty() { '?' } else { '&' });
+            q.push_str(&format!("subscription={sub}"));
+        }
         let r = self
             .send(
                 reqwest::Method::GET,

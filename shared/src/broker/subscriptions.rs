@@ -6,9 +6,13 @@
 //! ([`crate::partition::subscription`]). Creating one reads every partition's manifest
 //! once, for where it starts.
 
-use crate::cas::{Decision, Pure};
+use serde::Serialize;
+
+use crate::cas::{Cell, Decision, Pure};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
+use crate::partition::subscription::{Origin, SubscriptionState};
+use crate::partition::Ledger;
 use crate::settings::Ordering;
 use crate::subscription::{Start, SubscriptionInput, SubscriptionRecord};
 use crate::topic::{Topic, TopicRecord};
@@ -61,7 +65,78 @@ pub fn validate_name(name: &str) -> BrokerResult<()> {
     })
 }
 
+/// One partition of a subscription, as `GET /v1/topics/{t}/subscriptions/{s}` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubscriptionPartition {
+    /// Partition.
+    pub partition: u32,
+    /// The subscription's lowest unsettled offset.
+    pub frontier: u64,
+    /// Offset the next message gets.
+    pub next_offset: u64,
+    /// Unsettled messages with no live lease and no delay (the backlog).
+    pub available: u64,
+    /// Live leases.
+    pub in_flight: u64,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: u64,
+    /// Unsettled messages whose delay is not over.
+    pub delayed: u64,
+    /// Messages retention removed before this subscription settled them.
+    pub lost: u64,
+    /// Age of the oldest unsettled message, ms.
+    pub oldest_unsettled_age_ms: Option<u64>,
+    /// Age of the oldest available message, ms.
+    pub oldest_available_age_ms: Option<u64>,
+}
+
 impl Broker {
+    /// Subscription `sub`'s figures per partition: two reads per partition (the manifest
+    /// and the subscription's ledger), plus the segments of its oldest messages.
+    ///
+    /// Errors: [`BrokerError::SubscriptionNotFound`], store failures.
+    pub async fn subscription_stats(
+        &self,
+        topic: &Topic,
+        sub: &str,
+    ) -> BrokerResult<Vec<SubscriptionPartition>> {
+        let Group::Named(name, rec) = Group::of(topic, Some(sub))? else {
+            return Err(BrokerError::SubscriptionNotFound);
+        };
+        let now = self.clock.now_ms();
+        let mut out = Vec::new();
+        for p in 0..topic.settings.partitions {
+            let log = self.read_manifest(topic, p).await?;
+            let origin = Origin {
+                id: rec.id.clone(),
+                start: rec.start_offset(p),
+            };
+            let key = keys::subscription_ledger(&topic.name, name, p);
+            let cell = Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &key, &origin);
+            let mut state = cell.read::<BrokerError>().await?.value;
+            // As the next commit will see it: what retention removed since is lost.
+            state.catch_up(&log);
+            let lost = state.lost;
+            let view = state.over(&log);
+            let (oldest_unsettled_age_ms, oldest_available_age_ms) = self
+                .backlog_ages(topic, p, &view, &log.layout(), now)
+                .await?;
+            out.push(SubscriptionPartition {
+                partition: p,
+                frontier: view.frontier(),
+                next_offset: log.next_offset,
+                available: view.available_count(now),
+                in_flight: view.in_flight(now) as u64,
+                acked_ahead: view.acked_ahead().len() as u64,
+                delayed: view.delayed_count(now),
+                lost,
+                oldest_unsettled_age_ms,
+                oldest_available_age_ms,
+            });
+        }
+        Ok(out)
+    }
+
     /// Creates the subscription `sub` on topic `name`; `true` when it is new, `false`
     /// when it existed with the same start and settings.
     ///

@@ -13,7 +13,7 @@ use super::Broker;
 use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::partition::Manifest;
+use crate::partition::{Layout, Ledger, Manifest};
 use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
 use crate::topic::{Topic, TopicRecord};
 
@@ -351,7 +351,7 @@ impl Broker {
         for p in 0..topic.settings.partitions {
             let m = self.read_manifest(topic, p).await?;
             let (oldest_unsettled_age_ms, oldest_available_age_ms) =
-                self.backlog_ages(topic, p, &m, now).await?;
+                self.backlog_ages(topic, p, &m, &m.layout(), now).await?;
             out.push(PartitionStats {
                 partition: p,
                 start_offset: m.start_offset,
@@ -375,22 +375,36 @@ impl Broker {
 
     /// The ages of the oldest unsettled and the oldest available message of `m` at `now`:
     /// their produce times, read from their segments (usually cached; at most two reads).
-    async fn backlog_ages(
+    pub(super) async fn backlog_ages(
         &self,
         topic: &Topic,
         p: u32,
-        m: &Manifest,
+        m: &impl Ledger,
+        layout: &Layout,
         now: u64,
     ) -> BrokerResult<(Option<u64>, Option<u64>)> {
-        let unsettled = (m.frontier < m.next_offset).then_some(m.frontier);
-        // Every offset skipped on the way is leased or acked ahead: bounded by the limits.
-        let available = (m.frontier..m.next_offset).find(|&o| m.is_available(o, now));
+        let (frontier, next) = (m.frontier(), m.next_offset());
+        let unsettled = (frontier < next).then_some(frontier);
+        // Every offset skipped on the way is leased, acked ahead or delayed: bounded by
+        // the limits, and a delayed run is skipped whole.
+        let mut available = None;
+        let mut o = frontier;
+        while o < next {
+            if m.is_available(o, now) {
+                available = Some(o);
+                break;
+            }
+            o = match m.delayed_run(o, now) {
+                Some(d) => d.to,
+                None => o + 1,
+            };
+        }
         let offsets: Vec<u64> = unsettled.into_iter().chain(available).collect();
         if offsets.is_empty() {
             return Ok((None, None));
         }
         let found = self
-            .messages(&topic.name, p, &m.layout(), &offsets, false)
+            .messages(&topic.name, p, layout, &offsets, false)
             .await?;
         let age = |o: Option<u64>| {
             let i = offsets.iter().position(|x| Some(*x) == o)?;

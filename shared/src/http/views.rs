@@ -45,6 +45,9 @@ pub(super) struct SubscriptionView {
     settings: crate::subscription::SubscriptionSettings,
     /// The settings its leases obey: the topic's, overlaid with its own.
     effective: EffectiveSettings,
+    /// Per-partition figures (`GET` of one subscription only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) partitions: Option<Vec<crate::broker::subscriptions::SubscriptionPartition>>,
 }
 
 /// The delivery settings a subscription obeys.
@@ -76,6 +79,7 @@ impl SubscriptionView {
                 dead_letter_topic: e.dead_letter_topic,
                 paused: e.paused,
             },
+            partitions: None,
         })
     }
 }

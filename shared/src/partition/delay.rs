@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Manifest;
+use super::{Ledger, Manifest};
 
 /// Offsets `[from, to)` are not delivered before wall-clock ms `until_ms` (a delayed
 /// produce). Stored as a three-number JSON array to keep manifests small.
@@ -45,22 +45,15 @@ impl Manifest {
         self.delayed_run(offset, now_ms).map(|d| d.until_ms)
     }
 
-    /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
-    /// could get, flow control aside.
+    /// Unsettled messages at `now_ms` with no live lease and no delay
+    /// ([`Ledger::available_count`]).
     pub fn available_count(&self, now_ms: u64) -> u64 {
-        let held = self.in_flight(now_ms) as u64
-            + self.acked_ahead.len() as u64
-            + self.delayed_count(now_ms);
-        (self.next_offset - self.frontier).saturating_sub(held)
+        Ledger::available_count(self, now_ms)
     }
 
-    /// Messages still delayed at `now_ms`.
+    /// Unsettled messages still delayed at `now_ms` ([`Ledger::delayed_count`]).
     pub fn delayed_count(&self, now_ms: u64) -> u64 {
-        self.delayed
-            .iter()
-            .filter(|d| d.until_ms > now_ms)
-            .map(|d| d.to.saturating_sub(d.from.max(self.frontier)))
-            .sum()
+        Ledger::delayed_count(self, now_ms)
     }
 
     /// Delays `[from, to)` until `until_ms`, extending the last run when it ends at `from`

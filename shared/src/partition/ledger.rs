@@ -63,6 +63,32 @@ pub trait Ledger {
             .count()
     }
 
+    /// Unsettled messages still delayed at `now_ms` (a delayed message settled already,
+    /// cancelled, is not counted).
+    fn delayed_count(&self, now_ms: u64) -> u64 {
+        let frontier = self.frontier();
+        self.delayed()
+            .iter()
+            .filter(|d| d.until_ms > now_ms && d.to > frontier)
+            .map(|d| {
+                let from = d.from.max(frontier);
+                let settled = self.acked_ahead().range(from..d.to).count() as u64;
+                (d.to - from).saturating_sub(settled)
+            })
+            .sum()
+    }
+
+    /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
+    /// could get, flow control aside.
+    fn available_count(&self, now_ms: u64) -> u64 {
+        let held = self.in_flight(now_ms) as u64
+            + self.acked_ahead().len() as u64
+            + self.delayed_count(now_ms);
+        self.next_offset()
+            .saturating_sub(self.frontier())
+            .saturating_sub(held)
+    }
+
     /// True when `offset` exists, is unsettled, has no live lease and is not delayed at
     /// `now_ms`.
     fn is_available(&self, offset: u64, now_ms: u64) -> bool {

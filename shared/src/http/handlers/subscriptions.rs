@@ -83,7 +83,8 @@ pub(in crate::http) async fn list(
     Ok(Json(SubscriptionList { subscriptions }).into_response())
 }
 
-/// `GET /v1/topics/{topic}/subscriptions/{subscription}`.
+/// `GET /v1/topics/{topic}/subscriptions/{subscription}`: with per-partition figures
+/// (backlog, in flight, delayed, lost, oldest ages).
 pub(in crate::http) async fn get(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -93,7 +94,8 @@ pub(in crate::http) async fn get(
     allow_seeing(&caller, &name)?;
     crate::broker::subscriptions::validate_name(&sub)?;
     let topic = s.broker.load_topic(&name).await?;
-    let view = SubscriptionView::of(&topic, &sub).ok_or(BrokerError::SubscriptionNotFound)?;
+    let mut view = SubscriptionView::of(&topic, &sub).ok_or(BrokerError::SubscriptionNotFound)?;
+    view.partitions = Some(s.broker.subscription_stats(&topic, &sub).await?);
     Ok(Json(view).into_response())
 }
 
