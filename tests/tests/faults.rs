@@ -22,6 +22,12 @@
 //!   one broker stops mid-operation forever (its requests hang before or after they apply,
 //!   [`FreezeStore`]): its operations' outcomes are unknown, and every operation on the
 //!   other brokers must still finish.
+//!
+//! Every profile consumes through the topic's default subscription and two named ones
+//! (`s1`, `s2`), each with its own model of leases and acks: no two live leases on one
+//! message per subscription, an ack answered 204 is final in its own subscription, and an
+//! ack never settles a message in another (the drain of each subscription delivers every
+//! message it did not ack itself).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{HashMap, HashSet};
@@ -47,6 +53,9 @@ const SEEDS: u64 = 24;
 const VT: u64 = 1000;
 const MAX_IN_FLIGHT: u64 = 6;
 const MAX_ACKED_AHEAD: u64 = 3;
+
+/// The subscriptions consumed: `None` is the default one.
+const GROUPS: [Option<&str>; 3] = [None, Some("s1"), Some("s2")];
 
 /// An operation on a frozen broker hangs; every other one must finish well within this
 /// (tokio's clock is paused, so waiting costs nothing).
@@ -100,6 +109,8 @@ const INTERLEAVED: Profile = Profile {
 
 struct Held {
     handle: String,
+    /// Which of [`GROUPS`] leased it.
+    group: usize,
     at: (u32, u64),
     deadline: u64,
     /// An ack/nack/extend on it failed ambiguously: it may have been applied.
@@ -119,8 +130,10 @@ struct Model {
     dead: Vec<String>,
     /// Payloads in the order their produce succeeded.
     order: Vec<String>,
-    /// Offsets whose ack was answered 204: never delivered again.
-    acked: HashSet<(u32, u64)>,
+    /// Offsets whose ack was answered 204, per group: never delivered again there.
+    acked: HashSet<(usize, u32, u64)>,
+    /// Offsets whose ack failed ambiguously, per group: perhaps settled there.
+    maybe_acked: HashSet<(usize, u32, u64)>,
 }
 
 /// One operation of a step, with every random choice drawn before it runs.
@@ -134,14 +147,16 @@ enum Op {
     },
     Consume {
         broker: usize,
+        group: usize,
         max: usize,
     },
     Settle {
         broker: usize,
         handle: String,
         action: Settle,
-        /// Where the handle's message is.
+        /// Where the handle's message is, and for which group.
         at: (u32, u64),
+        group: usize,
     },
 }
 
@@ -174,9 +189,13 @@ enum Outcome {
     Settled(Result<(), BrokerError>, bool),
 }
 
-/// Whether the manifest in `raw` (the store beneath faults and freezes) has `at` settled.
-async fn settled_in(raw: &DynStore, (p, o): (u32, u64)) -> bool {
-    let key = format!("topics/f/{p}.manifest.json");
+/// Whether the ledger of `group` in `raw` (the store beneath faults and freezes: the
+/// manifest, or a subscription's own object) has `at` settled.
+async fn settled_in(raw: &DynStore, group: usize, (p, o): (u32, u64)) -> bool {
+    let key = match GROUPS[group] {
+        None => format!("topics/f/{p}.manifest.json"),
+        Some(s) => format!("topics/f/subs/{s}/{p}.json"),
+    };
     let Some(stored) = raw.get(&key).await.unwrap() else {
         return false;
     };
@@ -221,9 +240,9 @@ async fn run_op(brokers: &[Broker], raw: &DynStore, op: &Op) -> Outcome {
             }
             Outcome::Produced(Ok(got))
         }
-        Op::Consume { broker, max } => Outcome::Consumed(
+        Op::Consume { broker, group, max } => Outcome::Consumed(
             brokers[*broker]
-                .consume("f", None, Duration::ZERO, *max)
+                .consume_from("f", GROUPS[*group], None, Duration::ZERO, *max)
                 .await
                 .unwrap_or_default(),
         ),
@@ -232,11 +251,13 @@ async fn run_op(brokers: &[Broker], raw: &DynStore, op: &Op) -> Outcome {
             handle,
             action,
             at,
+            group,
         } => {
             let r = brokers[*broker].settle("f", handle, *action).await;
             // Checked the moment the ack is answered: nobody is answered before their
             // operation is committed.
-            let committed = r.is_err() || *action != Settle::Ack || settled_in(raw, *at).await;
+            let committed =
+                r.is_err() || *action != Settle::Ack || settled_in(raw, *group, *at).await;
             Outcome::Settled(r, committed)
         }
     }
@@ -283,6 +304,12 @@ impl Run {
                     .unwrap()
             }
         };
+        // The observer starts first, with faults off: the first process on a new store
+        // puts it at the newest fleet level (subscriptions need level 5). The workload's
+        // brokers then start under faults, as before.
+        faulty.set_enabled(false);
+        let observer = broker(faulty.clone()).await;
+        faulty.set_enabled(true);
         let mut brokers = Vec::new();
         let mut freezers = Vec::new();
         for _ in 0..profile.brokers {
@@ -290,7 +317,6 @@ impl Run {
             brokers.push(broker(f.clone()).await);
             freezers.push(f);
         }
-        let observer = broker(faulty.clone()).await;
         faulty.set_enabled(false);
         let settings = SettingsInput::parse(
             format!(
@@ -301,6 +327,10 @@ impl Run {
         )
         .unwrap();
         observer.create_topic("f", &settings).await.unwrap();
+        for s in GROUPS.iter().flatten() {
+            let input = narad_shared::subscription::SubscriptionInput::default();
+            observer.create_subscription("f", s, &input).await.unwrap();
+        }
         faulty.set_enabled(true);
         Self {
             seed,
@@ -353,7 +383,8 @@ impl Run {
         let broker = self.pick();
         if roll < 0.62 {
             let max = self.rng.gen_range(1..=3);
-            return Some(Op::Consume { broker, max });
+            let group = self.rng.gen_range(0..GROUPS.len());
+            return Some(Op::Consume { broker, group, max });
         }
         let free: Vec<&Held> = self
             .m
@@ -365,7 +396,7 @@ impl Run {
             return None;
         }
         let held = free[self.rng.gen_range(0..free.len())];
-        let (handle, at) = (held.handle.clone(), held.at);
+        let (handle, at, group) = (held.handle.clone(), held.at, held.group);
         taken.insert(handle.clone());
         let action = match self.rng.gen_range(0..10) {
             0 => Settle::Nack,
@@ -377,6 +408,7 @@ impl Run {
             handle,
             action,
             at,
+            group,
         })
     }
 
@@ -465,9 +497,18 @@ impl Run {
                 Op::Produce { payload, .. } => {
                     self.m.maybe.insert(payload);
                 }
-                Op::Settle { handle, .. } => {
+                Op::Settle {
+                    handle,
+                    action,
+                    at,
+                    group,
+                    ..
+                } => {
                     for h in self.m.held.iter_mut().filter(|h| h.handle == handle) {
                         h.maybe_gone = true;
+                    }
+                    if action == Settle::Ack {
+                        self.m.maybe_acked.insert((group, at.0, at.1));
                     }
                 }
                 // What it leased lapses unseen.
@@ -488,9 +529,9 @@ impl Run {
                     self.m.maybe.insert(payload);
                 }
             },
-            (Op::Consume { .. }, Outcome::Consumed(ds)) => {
+            (Op::Consume { group, .. }, Outcome::Consumed(ds)) => {
                 for d in ds {
-                    self.delivered(now, d);
+                    self.delivered(now, group, d);
                 }
             }
             (Op::Settle { handle, action, .. }, Outcome::Settled(r, committed)) => {
@@ -506,7 +547,7 @@ impl Run {
         None
     }
 
-    fn delivered(&mut self, now: u64, d: Delivery) {
+    fn delivered(&mut self, now: u64, group: usize, d: Delivery) {
         let at = (d.partition, d.offset);
         let payload = String::from_utf8(d.payload.to_vec()).unwrap();
         if let Some(prev) = self.m.payload_at.insert(at, payload.clone()) {
@@ -521,27 +562,32 @@ impl Run {
                 ));
             }
         }
-        if self.m.acked.contains(&at) {
+        if self.m.acked.contains(&(group, at.0, at.1)) {
             self.fail(format!(
-                "{at:?} was delivered again after an ack answered 204"
+                "{at:?} was delivered again in group {group} after an ack answered 204"
             ));
         }
         let m = &mut self.m;
+        let mine = |h: &Held| h.at == at && h.group == group;
         if let Some(other) = m
             .held
             .iter()
-            .find(|h| h.at == at && h.deadline > now && !h.maybe_gone)
+            .find(|h| mine(h) && h.deadline > now && !h.maybe_gone)
         {
-            let what = format!("two live leases on {at:?} (first {})", other.handle);
+            let what = format!(
+                "two live leases on {at:?} in group {group} (first {})",
+                other.handle
+            );
             self.fail(what);
         }
-        // Older leases on this offset are dead now.
-        for h in m.held.iter().filter(|h| h.at == at) {
+        // Older leases on this offset in this group are dead now.
+        for h in m.held.iter().filter(|h| mine(h)) {
             m.dead.push(h.handle.clone());
         }
-        m.held.retain(|h| h.at != at);
+        m.held.retain(|h| !mine(h));
         m.held.push(Held {
             handle: d.receipt_handle.unwrap(),
+            group,
             at,
             deadline: now + VT,
             maybe_gone: false,
@@ -560,8 +606,8 @@ impl Run {
                     self.fail("a lapsed lease was settled".into());
                 }
                 if action == Settle::Ack {
-                    let at = self.m.held[i].at;
-                    self.m.acked.insert(at);
+                    let (g, at) = (self.m.held[i].group, self.m.held[i].at);
+                    self.m.acked.insert((g, at.0, at.1));
                 }
                 if action == Settle::Extend {
                     self.m.held[i].deadline = now + VT;
@@ -578,7 +624,13 @@ impl Run {
                 self.m.dead.push(h.handle);
             }
             Err(BrokerError::AckedAheadFull) => {}
-            Err(_) => self.m.held[i].maybe_gone = true,
+            Err(_) => {
+                let (g, at) = (self.m.held[i].group, self.m.held[i].at);
+                if action == Settle::Ack {
+                    self.m.maybe_acked.insert((g, at.0, at.1));
+                }
+                self.m.held[i].maybe_gone = true
+            }
         }
     }
 
@@ -633,6 +685,13 @@ impl Run {
                 self.fail(format!("bounds broken: {p:?}"));
             }
         }
+        for s in GROUPS.iter().flatten() {
+            for p in self.observer.subscription_stats(&t, s).await.unwrap() {
+                if p.in_flight > MAX_IN_FLIGHT || p.acked_ahead > MAX_ACKED_AHEAD {
+                    self.fail(format!("bounds broken in {s}: {p:?}"));
+                }
+            }
+        }
         self.faulty.set_enabled(true);
     }
 
@@ -643,23 +702,63 @@ impl Run {
         self.faulty.set_enabled(false);
         self.clock.advance(10 * VT);
         let b = &self.observer;
-        let mut drained = 0;
-        loop {
-            let ds = b.consume("f", None, Duration::ZERO, 1).await.unwrap();
-            let Some(d) = ds.into_iter().next() else {
-                break;
-            };
-            b.settle("f", d.receipt_handle.as_deref().unwrap(), Settle::Ack)
-                .await
-                .unwrap();
-            drained += 1;
-            assert!(
-                drained < 10 * self.profile.steps,
-                "seed {seed}: drain does not end"
-            );
+        // Per group, the offsets its drain delivered.
+        let mut delivered: Vec<HashSet<(u32, u64)>> = vec![HashSet::new(); GROUPS.len()];
+        for (g, sub) in GROUPS.iter().enumerate() {
+            let mut drained = 0;
+            loop {
+                let ds = b
+                    .consume_from("f", *sub, None, Duration::ZERO, 1)
+                    .await
+                    .unwrap();
+                let Some(d) = ds.into_iter().next() else {
+                    break;
+                };
+                assert!(
+                    !self.m.acked.contains(&(g, d.partition, d.offset)),
+                    "seed {seed}: {}/{} delivered again in group {g} after an ack answered 204",
+                    d.partition,
+                    d.offset
+                );
+                delivered[g].insert((d.partition, d.offset));
+                b.settle("f", d.receipt_handle.as_deref().unwrap(), Settle::Ack)
+                    .await
+                    .unwrap();
+                drained += 1;
+                assert!(
+                    drained < 10 * self.profile.steps,
+                    "seed {seed}: drain does not end"
+                );
+            }
         }
         let t = b.topic("f").await.unwrap();
         let stats = b.partition_stats(&t).await.unwrap();
+        // Each group settled every message, each one only by its own acks: the drain of a
+        // group delivered every offset that group had not acked (an ack in one group
+        // never settles another's).
+        for (g, sub) in GROUPS.iter().enumerate() {
+            if let Some(s) = sub {
+                for p in b.subscription_stats(&t, s).await.unwrap() {
+                    assert_eq!(
+                        p.frontier, p.next_offset,
+                        "seed {seed}: {s} partition {} not fully settled after the drain",
+                        p.partition
+                    );
+                }
+            }
+            for p in &stats {
+                for o in 0..p.next_offset {
+                    let k = (g, p.partition, o);
+                    assert!(
+                        delivered[g].contains(&(p.partition, o))
+                            || self.m.acked.contains(&k)
+                            || self.m.maybe_acked.contains(&k),
+                        "seed {seed}: {}/{o} settled in group {g} without an ack there",
+                        p.partition
+                    );
+                }
+            }
+        }
         if self.profile.history {
             assert!(
                 stats.iter().any(|p| p.indexes > 0),
