@@ -14,6 +14,9 @@
 //! at its offset (older ones through the index objects). A partition the store corrupts
 //! (LocalStack keeps a write torn by the kill) is repaired by the servers and checked for
 //! what a repair promises instead (docs/design.md §7).
+//! Two subscriptions consume the same messages beside the default one, each with
+//! consumers of its own: per subscription, nothing acknowledged is missing from its
+//! deliveries, and no offset whose ack was answered 204 there is delivered there again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet};
@@ -37,6 +40,10 @@ const CONSUMERS: usize = 4;
 /// another: with the keyless producers they contend, so their leases and acks combine
 /// across processes as intents (docs/design.md §6).
 const ZERO_CONSUMERS: usize = 4;
+/// Consumers of each named subscription (half of them of partition 0 alone).
+const SUB_CONSUMERS: usize = 2;
+/// The groups consumed: the default subscription and two named ones.
+const GROUPS: [Option<&str>; 3] = [None, Some("s1"), Some("s2")];
 const CHAOS: Duration = Duration::from_secs(12);
 const VT_MS: u64 = 2000;
 
@@ -72,11 +79,24 @@ async fn sigkill_and_restart_loses_nothing() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    for sub in GROUPS.iter().flatten() {
+        let r = http
+            .put(format!(
+                "{}/v1/topics/crash/subscriptions/{sub}",
+                procs[0].base
+            ))
+            .basic_auth(USER, Some(PASS))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let acked_produces: Arc<Mutex<HashMap<String, (u64, u64)>>> = Arc::default();
     let payload_at: Arc<Mutex<HashMap<(u64, u64), String>>> = Arc::default();
-    let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
+    // (group, payload) for every delivery.
+    let delivered: Arc<Mutex<HashSet<(usize, String)>>> = Arc::default();
     let acks = Acks::default();
     let raw = narad_shared::store::open(&url).await.unwrap();
     // Payloads of keyless produces that failed: they may have landed, at most once.
@@ -175,7 +195,13 @@ async fn sigkill_and_restart_loses_nothing() {
             }
         }));
     }
-    for w in 0..CONSUMERS + ZERO_CONSUMERS {
+    let subs = GROUPS.len() - 1;
+    for w in 0..CONSUMERS + ZERO_CONSUMERS + subs * SUB_CONSUMERS {
+        // The default subscription's consumers first, then each named one's.
+        let (group, partition) = match w.checked_sub(CONSUMERS + ZERO_CONSUMERS) {
+            None => (0, (w >= CONSUMERS).then_some(0)),
+            Some(k) => (1 + k / SUB_CONSUMERS, (k % 2 == 1).then_some(0)),
+        };
         let (bases, stop, payload_at, delivered, acks, http) = (
             bases.clone(),
             stop.clone(),
@@ -184,12 +210,12 @@ async fn sigkill_and_restart_loses_nothing() {
             acks.clone(),
             http.clone(),
         );
-        let partition = (w >= CONSUMERS).then_some(0);
         let store = raw.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(100 + w as u64);
             while !stop.load(Ordering::Relaxed) {
                 let seen = Seen {
+                    group,
                     payload_at: &payload_at,
                     delivered: &delivered,
                     acks: &acks,
@@ -245,18 +271,21 @@ async fn sigkill_and_restart_loses_nothing() {
     // Drain: wait out every lease, then consume and ack until nothing is left.
     tokio::time::sleep(Duration::from_millis(VT_MS + 200)).await;
     let base = bases.read().await[0].clone();
-    let mut empty = 0;
-    while empty < 3 {
-        let seen = Seen {
-            payload_at: &payload_at,
-            delivered: &delivered,
-            acks: &acks,
-            store: &raw,
-        };
-        if consume_and_ack(&http, (&base, None), &base, seen).await {
-            empty = 0;
-        } else {
-            empty += 1;
+    for group in 0..GROUPS.len() {
+        let mut empty = 0;
+        while empty < 3 {
+            let seen = Seen {
+                group,
+                payload_at: &payload_at,
+                delivered: &delivered,
+                acks: &acks,
+                store: &raw,
+            };
+            if consume_and_ack(&http, (&base, None), &base, seen).await {
+                empty = 0;
+            } else {
+                empty += 1;
+            }
         }
     }
 
@@ -264,12 +293,17 @@ async fn sigkill_and_restart_loses_nothing() {
     let delivered = delivered.lock().await;
     let payload_at = payload_at.lock().await;
     let maybe = maybe.lock().await;
-    let lost: Vec<&String> = acked.keys().filter(|p| !delivered.contains(*p)).collect();
-    assert!(
-        lost.is_empty(),
-        "{} acknowledged messages lost: {lost:?}",
-        lost.len()
-    );
+    for (group, sub) in GROUPS.iter().enumerate() {
+        let lost: Vec<&String> = acked
+            .keys()
+            .filter(|p| !delivered.contains(&(group, (*p).clone())))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{} acknowledged messages never delivered to subscription {sub:?}: {lost:?}",
+            lost.len()
+        );
+    }
     let r: Value = http
         .get(format!("{base}/v1/topics/crash"))
         .basic_auth(USER, Some(PASS))
@@ -363,7 +397,10 @@ async fn sigkill_and_restart_loses_nothing() {
     println!(
         "crash test: {kills} kills, {} messages produced, delivered and replayed, {} failed keyless produces landed; index objects per partition: {indexes:?}",
         acked.len(),
-        maybe.iter().filter(|p| delivered.contains(*p)).count()
+        maybe
+            .iter()
+            .filter(|p| delivered.contains(&(0, (*p).clone())))
+            .count()
     );
     assert!(
         kills >= 4 && acked.len() > 50,
@@ -399,26 +436,32 @@ async fn sigkill_and_restart_loses_nothing() {
     }
 }
 
-/// Whether the stored manifest holds `o` of partition `p` settled (below the frontier or
-/// acked ahead); `None` when it cannot be read (a torn write, a transient failure).
-async fn settled_in(store: &DynStore, (p, o): (u64, u64)) -> Option<bool> {
-    let key = narad_shared::keys::manifest("crash", narad_shared::keys::LAYOUT_FLAT, p as u32);
+/// Whether the stored ledger of `group` (the manifest, or a subscription's own object)
+/// holds `o` of partition `p` settled (below the frontier or acked ahead); `None` when it
+/// cannot be read (a torn write, a transient failure).
+async fn settled_in(store: &DynStore, group: usize, (p, o): (u64, u64)) -> Option<bool> {
+    let key = match GROUPS[group] {
+        None => narad_shared::keys::manifest("crash", narad_shared::keys::LAYOUT_FLAT, p as u32),
+        Some(s) => narad_shared::keys::subscription_ledger("crash", s, p as u32),
+    };
     let stored = store.get(&key).await.ok()??;
     let m: Value = serde_json::from_slice(narad_shared::cas::open_json(&stored.data).ok()?).ok()?;
     let ahead = m["acked_ahead"].as_array()?;
     Some(o < m["frontier"].as_u64()? || ahead.iter().any(|a| a.as_u64() == Some(o)))
 }
 
-/// Offsets whose ack was answered 204, with when that answer came.
-type Acks = Arc<Mutex<HashMap<(u64, u64), Instant>>>;
+/// (group, partition, offset) whose ack was answered 204, with when that answer came.
+type Acks = Arc<Mutex<HashMap<(usize, u64, u64), Instant>>>;
 
 /// What the consumers saw: the payload at each offset, every payload delivered, and the
 /// acks answered 204.
 #[derive(Clone, Copy)]
 struct Seen<'a> {
+    /// Which of [`GROUPS`] consumes.
+    group: usize,
     payload_at: &'a Mutex<HashMap<(u64, u64), String>>,
-    delivered: &'a Mutex<HashSet<String>>,
-    acks: &'a Mutex<HashMap<(u64, u64), Instant>>,
+    delivered: &'a Mutex<HashSet<(usize, String)>>,
+    acks: &'a Mutex<HashMap<(usize, u64, u64), Instant>>,
     /// The store itself, to see that an ack answered 204 is in the manifest already.
     store: &'a DynStore,
 }
@@ -431,7 +474,10 @@ async fn consume_and_ack(
     ack_at: &str,
     seen: Seen<'_>,
 ) -> bool {
-    let only = partition.map_or(String::new(), |p| format!("&partition={p}"));
+    let mut only = partition.map_or(String::new(), |p| format!("&partition={p}"));
+    if let Some(sub) = GROUPS[seen.group] {
+        only.push_str(&format!("&subscription={sub}"));
+    }
     let sent = Instant::now();
     let Ok(r) = http
         .get(format!(
@@ -458,17 +504,19 @@ async fn consume_and_ack(
         m["partition"].as_u64().unwrap(),
         m["offset"].as_u64().unwrap(),
     );
-    if let Some(answered) = seen.acks.lock().await.get(&at) {
+    let key = (seen.group, at.0, at.1);
+    if let Some(answered) = seen.acks.lock().await.get(&key) {
         assert!(
             *answered > sent,
-            "offset {at:?} delivered by a consume sent after its ack was answered 204"
+            "offset {at:?} delivered to group {} by a consume sent after its ack was answered 204",
+            seen.group
         );
     }
     let payload = m["payload"].as_str().unwrap().to_owned();
     if let Some(prev) = seen.payload_at.lock().await.insert(at, payload.clone()) {
         assert_eq!(prev, payload, "offset {at:?} held two payloads");
     }
-    seen.delivered.lock().await.insert(payload);
+    seen.delivered.lock().await.insert((seen.group, payload));
     let q = serde_urlencoded_pair("receipt_handle", m["receipt_handle"].as_str().unwrap());
     let r = http
         .post(format!("{ack_at}/v1/topics/crash/ack?{q}"))
@@ -476,11 +524,12 @@ async fn consume_and_ack(
         .send()
         .await;
     if matches!(&r, Ok(r) if r.status() == StatusCode::NO_CONTENT) {
-        seen.acks.lock().await.insert(at, Instant::now());
+        seen.acks.lock().await.insert(key, Instant::now());
         assert_ne!(
-            settled_in(seen.store, at).await,
+            settled_in(seen.store, seen.group, at).await,
             Some(false),
-            "the ack of {at:?} was answered 204 before the manifest held it"
+            "the ack of {at:?} in group {} was answered 204 before its ledger held it",
+            seen.group
         );
     }
     true
