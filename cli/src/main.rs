@@ -110,6 +110,13 @@ enum Command {
         #[command(flatten)]
         conn: remote::Conn,
     },
+    /// A topic's subscriptions (NARAD_URL, NARAD_AUTH): list, get, create, patch, delete.
+    Subscriptions {
+        #[command(subcommand)]
+        cmd: remote::SubscriptionsCmd,
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
     /// Send a message to a topic (stdin when none is given; --lines: each line, batched).
     Produce(remote::ProduceArgs),
     /// Lease messages: print them as JSON lines and ack them, or run a command per
@@ -117,6 +124,9 @@ enum Command {
     Consume(remote::ConsumeArgs),
     /// Read a partition's messages by offset, read-only, as JSON lines.
     Replay(remote::ReplayArgs),
+    /// Cancel one retained message (by partition and offset) for every subscription, or
+    /// one (--subscription): a delayed message is then never delivered.
+    Cancel(remote::CancelArgs),
 }
 
 #[derive(Subcommand)]
@@ -186,6 +196,8 @@ async fn main() -> ExitCode {
         Command::Produce(args) => remote::produce(args).await,
         Command::Consume(args) => remote::consume(args).await,
         Command::Replay(args) => remote::replay(args).await,
+        Command::Subscriptions { cmd, conn } => remote::subscriptions(cmd, conn).await,
+        Command::Cancel(args) => remote::cancel(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

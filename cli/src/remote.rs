@@ -1,4 +1,5 @@
-//! The client subcommands: `narad topics|produce|consume|replay`, on [`narad_client`],
+//! The client subcommands: `narad topics|subscriptions|produce|consume|replay|cancel`, on
+//! [`narad_client`],
 //! against the server at `--url` / `NARAD_URL` with `--auth` / `NARAD_AUTH`.
 //!
 //! `narad consume TOPIC --exec CMD` is the consumer loop of the consumer documentation for
@@ -94,6 +95,66 @@ pub enum TopicsCmd {
     },
 }
 
+/// `narad subscriptions ...`
+#[derive(Subcommand)]
+pub enum SubscriptionsCmd {
+    /// A topic's subscriptions, one JSON line each.
+    List {
+        /// Topic.
+        topic: String,
+    },
+    /// A subscription's settings and per-partition figures.
+    Get {
+        /// Topic.
+        topic: String,
+        /// Subscription.
+        name: String,
+    },
+    /// Create a subscription; SETTINGS is a JSON object (e.g. '{"start":"earliest"}').
+    Create {
+        /// Topic.
+        topic: String,
+        /// Subscription.
+        name: String,
+        /// Settings, every field optional.
+        settings: Option<String>,
+    },
+    /// Change a subscription's settings; SETTINGS is a JSON object.
+    Patch {
+        /// Topic.
+        topic: String,
+        /// Subscription.
+        name: String,
+        /// Settings to change.
+        settings: String,
+    },
+    /// Delete a subscription and its state.
+    Delete {
+        /// Topic.
+        topic: String,
+        /// Subscription.
+        name: String,
+    },
+}
+
+/// `narad cancel ...`
+#[derive(Args)]
+pub struct CancelArgs {
+    /// Topic.
+    topic: String,
+    /// Partition.
+    #[arg(long)]
+    partition: u32,
+    /// Offset.
+    #[arg(long)]
+    offset: u64,
+    /// Only for this subscription (default: for every subscription).
+    #[arg(long)]
+    subscription: Option<String>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
 /// `narad produce ...`
 #[derive(Args)]
 pub struct ProduceArgs {
@@ -145,6 +206,9 @@ pub struct ConsumeArgs {
     /// Only this partition.
     #[arg(long)]
     partition: Option<u32>,
+    /// Consume this subscription (default: the topic's own).
+    #[arg(long)]
+    subscription: Option<String>,
     /// Print without acking (the leases then lapse after the visibility timeout).
     #[arg(long, conflicts_with = "exec")]
     no_ack: bool,
@@ -186,6 +250,58 @@ fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
 
 fn parse_json(text: &str) -> Result<Value, String> {
     serde_json::from_str(text).map_err(|e| format!("settings must be a JSON object: {e}"))
+}
+
+/// `narad subscriptions ...`
+pub async fn subscriptions(cmd: SubscriptionsCmd, conn: Conn) -> Result<(), String> {
+    let c = conn.client()?;
+    let e = |e: narad_client::Error| e.to_string();
+    match cmd {
+        SubscriptionsCmd::List { topic } => {
+            for s in c.list_subscriptions(&topic).await.map_err(e)? {
+                print_json(&s)?;
+            }
+        }
+        SubscriptionsCmd::Get { topic, name } => {
+            print_json(&c.get_subscription(&topic, &name).await.map_err(e)?)?
+        }
+        SubscriptionsCmd::Create {
+            topic,
+            name,
+            settings,
+        } => {
+            let settings = match settings {
+                Some(s) => parse_json(&s)?,
+                None => Value::Object(Default::default()),
+            };
+            let (_, s) = c
+                .create_subscription(&topic, &name, &settings)
+                .await
+                .map_err(e)?;
+            print_json(&s)?;
+        }
+        SubscriptionsCmd::Patch {
+            topic,
+            name,
+            settings,
+        } => print_json(
+            &c.patch_subscription(&topic, &name, &parse_json(&settings)?)
+                .await
+                .map_err(e)?,
+        )?,
+        SubscriptionsCmd::Delete { topic, name } => {
+            c.delete_subscription(&topic, &name).await.map_err(e)?
+        }
+    }
+    Ok(())
+}
+
+/// `narad cancel ...`
+pub async fn cancel(a: CancelArgs) -> Result<(), String> {
+    let c = a.conn.client()?;
+    c.cancel(&a.topic, a.partition, a.offset, a.subscription.as_deref())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// `narad topics ...`
@@ -366,6 +482,7 @@ async fn print_messages(c: &Client, a: &ConsumeArgs, wait: Duration) -> Result<(
             wait: Some(wait),
             partition: a.partition,
             max: Some(left.min(u64::from(a.max)) as u32),
+            subscription: a.subscription.clone(),
         };
         let got = c
             .consume(&a.topic, &opts)
@@ -412,10 +529,21 @@ async fn exec_workers(
     cmd: &str,
     wait: Duration,
 ) -> Result<(), String> {
-    let topic = c.get_topic(&a.topic).await.map_err(|e| e.to_string())?;
-    let timeout = topic
-        .visibility_timeout()
-        .unwrap_or(Duration::from_secs(30));
+    let timeout = match &a.subscription {
+        None => c
+            .get_topic(&a.topic)
+            .await
+            .map_err(|e| e.to_string())?
+            .visibility_timeout(),
+        Some(s) => c
+            .get_subscription(&a.topic, s)
+            .await
+            .map_err(|e| e.to_string())?
+            .effective["visibility_timeout_ms"]
+            .as_u64()
+            .map(Duration::from_millis),
+    }
+    .unwrap_or(Duration::from_secs(30));
     let heartbeat = (timeout / 3).max(Duration::from_millis(100));
     let shared = Arc::new(Workers {
         stop: AtomicBool::new(false),
@@ -435,6 +563,7 @@ async fn exec_workers(
     for _ in 0..a.concurrency.max(1) {
         let (c, shared, cmd) = (c.clone(), shared.clone(), cmd.to_owned());
         let (topic, partition, count) = (a.topic.clone(), a.partition, a.count);
+        let subscription = a.subscription.clone();
         tasks.push(tokio::spawn(async move {
             let job = Job {
                 client: &c,
@@ -455,6 +584,7 @@ async fn exec_workers(
                     wait: Some(wait),
                     partition,
                     max: None,
+                    subscription: subscription.clone(),
                 };
                 let got = match c.consume_acking(&topic, &opts, &done).await {
                     Ok(g) => g,

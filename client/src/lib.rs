@@ -109,6 +109,27 @@ impl Topic {
     }
 }
 
+/// A subscription as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Subscription {
+    /// Name.
+    pub name: String,
+    /// Its topic.
+    pub topic: String,
+    /// `latest` or `earliest`.
+    pub start: String,
+    /// Creation time, RFC 3339.
+    pub created_at: String,
+    /// The settings it sets itself.
+    pub settings: Value,
+    /// The settings it obeys: the topic's, overlaid with its own.
+    pub effective: Value,
+    /// Per-partition figures (`get_subscription` only): `available`, `in_flight`,
+    /// `delayed`, `lost`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Vec<Value>>,
+}
+
 /// One page of `list_topics`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct TopicPage {
@@ -281,6 +302,8 @@ pub struct ConsumeOptions {
     pub partition: Option<u32>,
     /// Up to this many messages (1–100); `None`: one.
     pub max: Option<u32>,
+    /// Lease for this subscription (`None`: the topic's default one).
+    pub subscription: Option<String>,
 }
 
 impl ConsumeOptions {
@@ -294,6 +317,9 @@ impl ConsumeOptions {
         }
         if let Some(m) = self.max {
             q.push(("max", m.to_string()));
+        }
+        if let Some(s) = &self.subscription {
+            q.push(("subscription", s.clone()));
         }
         q
     }
@@ -689,6 +715,106 @@ impl Client {
     pub async fn nack(&self, topic: &str, receipt_handle: &str) -> Result<()> {
         self.settle(topic, receipt_handle, Settle::Nack).await
     }
+
+    /// Creates subscription `name` on `topic` with `settings` (a JSON object, every field
+    /// optional: `start`, `visibility_timeout_ms`, …). Returns whether it was created
+    /// (false: it existed the same) and the subscription.
+    pub async fn create_subscription(
+        &self,
+        topic: &str,
+        name: &str,
+        settings: &Value,
+    ) -> Result<(bool, Subscription)> {
+        let path = subscription_path(topic, name);
+        let body = settings.to_string();
+        let r = self
+            .send(Retry::Yes, || {
+                self.request(Method::PUT, &path).body(body.clone())
+            })
+            .await?;
+        let created = r.status() == StatusCode::CREATED;
+        Ok((created, json(r).await?))
+    }
+
+    /// A topic's subscriptions (without per-partition figures).
+    pub async fn list_subscriptions(&self, topic: &str) -> Result<Vec<Subscription>> {
+        #[derive(Deserialize)]
+        struct List {
+            subscriptions: Vec<Subscription>,
+        }
+        let path = topic_path(topic, "/subscriptions");
+        let r = self
+            .send(Retry::Yes, || self.request(Method::GET, &path))
+            .await?;
+        Ok(json::<List>(r).await?.subscriptions)
+    }
+
+    /// One subscription, with its per-partition figures.
+    pub async fn get_subscription(&self, topic: &str, name: &str) -> Result<Subscription> {
+        let path = subscription_path(topic, name);
+        let r = self
+            .send(Retry::Yes, || self.request(Method::GET, &path))
+            .await?;
+        json(r).await
+    }
+
+    /// Changes a subscription's settings.
+    pub async fn patch_subscription(
+        &self,
+        topic: &str,
+        name: &str,
+        settings: &Value,
+    ) -> Result<Subscription> {
+        let path = subscription_path(topic, name);
+        let body = settings.to_string();
+        let r = self
+            .send(Retry::Yes, || {
+                self.request(Method::PATCH, &path).body(body.clone())
+            })
+            .await?;
+        json(r).await
+    }
+
+    /// Deletes a subscription and its state.
+    pub async fn delete_subscription(&self, topic: &str, name: &str) -> Result<()> {
+        let path = subscription_path(topic, name);
+        self.send(Retry::Yes, || self.request(Method::DELETE, &path))
+            .await?;
+        Ok(())
+    }
+
+    /// Cancels the retained message at `offset` of `partition`: for every subscription,
+    /// or for `subscription` only. A cancelled delayed message is never delivered.
+    pub async fn cancel(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        subscription: Option<&str>,
+    ) -> Result<()> {
+        let path = topic_path(topic, &format!("/messages/{partition}/{offset}"));
+        self.send(Retry::Yes, || {
+            let q: Vec<(&str, &str)> = subscription
+                .map(|s| ("subscription", s))
+                .into_iter()
+                .collect();
+            self.request(Method::DELETE, &path).query(&q)
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// A path segment percent-encoded as [`topic_path`] encodes a topic name.
+fn encode_segment(name: &str) -> String {
+    topic_path(name, "")
+        .trim_start_matches("/v1/topics/")
+        .to_owned()
+}
+
+/// `/v1/topics/{topic}/subscriptions/{name}`, both encoded.
+fn subscription_path(topic: &str, name: &str) -> String {
+    topic_path(topic, &format!("/subscriptions/{}", encode_segment(name)))
 }
 
 /// `/v1/topics/{name}{rest}`, the name percent-encoded (a valid name needs none; an
@@ -782,5 +908,9 @@ mod tests {
     fn topic_names_are_encoded_into_paths() {
         assert_eq!(topic_path("orders", "/ack"), "/v1/topics/orders/ack");
         assert_eq!(topic_path("a/b c", ""), "/v1/topics/a%2Fb%20c");
+        assert_eq!(
+            subscription_path("orders", "bill ing"),
+            "/v1/topics/orders/subscriptions/bill%20ing"
+        );
     }
 }

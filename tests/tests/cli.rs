@@ -276,3 +276,79 @@ async fn the_command_line_client_produces_consumes_and_runs_workers() {
     assert!(!ok, "a deleted topic is gone");
     server.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_client_manages_subscriptions_and_cancels() {
+    if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+        return;
+    }
+    let (url, _dir) = narad_tests::test_store_url();
+    let server = Process::start(&url, free_port(), &[]).await;
+    let base = server.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let run = |args: &'static [&'static str]| narad(&base, dir, args, None);
+    assert!(run(&["topics", "create", "fan"]).await.0);
+    let (ok, out) = run(&["subscriptions", "create", "fan", "billing"]).await;
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["name"].as_str(), v["start"].as_str()),
+        (Some("billing"), Some("latest"))
+    );
+    assert!(
+        run(&[
+            "subscriptions",
+            "create",
+            "fan",
+            "audit",
+            r#"{"visibility_timeout_ms":5000}"#
+        ])
+        .await
+        .0
+    );
+    for m in ["a", "b", "c"] {
+        assert!(narad(&base, dir, &["produce", "fan", m], None).await.0);
+    }
+    // Each subscription gets every message; the default one too.
+    for sub in ["billing", "audit"] {
+        let (ok, out) = narad(
+            &base,
+            dir,
+            &["consume", "fan", "--subscription", sub, "--wait", "0"],
+            None,
+        )
+        .await;
+        assert!(ok, "{sub}");
+        assert_eq!(out.lines().count(), 3, "{sub}: {out}");
+    }
+    // A cancelled message reaches no subscription.
+    assert!(
+        run(&["cancel", "fan", "--partition", "0", "--offset", "1"])
+            .await
+            .0
+    );
+    let (ok, out) = run(&["consume", "fan", "--wait", "0"]).await;
+    assert!(ok);
+    let payloads: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["payload"].to_string())
+        .collect();
+    assert_eq!(payloads, [r#""a""#, r#""c""#], "{out}");
+    assert!(
+        !run(&["cancel", "fan", "--partition", "0", "--offset", "99"])
+            .await
+            .0
+    );
+    let (ok, out) = run(&["subscriptions", "get", "fan", "audit"]).await;
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["effective"]["visibility_timeout_ms"], 5000, "{v}");
+    assert_eq!(v["partitions"][0]["frontier"], 3, "{v}");
+    let (ok, out) = run(&["subscriptions", "list", "fan"]).await;
+    assert!(ok);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(run(&["subscriptions", "delete", "fan", "audit"]).await.0);
+    assert!(!run(&["subscriptions", "get", "fan", "audit"]).await.0);
+    server.kill().await;
+}

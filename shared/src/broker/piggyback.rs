@@ -80,6 +80,46 @@ fn split(
 }
 
 impl Broker {
+    /// As [`Broker::consume_acking`], for the subscription `sub` (`None`: the default
+    /// one). A subscription's acks are settled on its ledger first, then its lease is
+    /// taken: one request, two commits.
+    ///
+    /// Errors (before any ack was answered 204): as [`Broker::consume_from`].
+    pub async fn consume_acking_from(
+        &self,
+        name: &str,
+        sub: Option<&str>,
+        (partition, wait, max): (Option<u32>, Duration, usize),
+        handles: &[String],
+    ) -> BrokerResult<AckedConsume> {
+        let Some(sub) = sub else {
+            return self
+                .consume_acking(name, partition, wait, max, handles)
+                .await;
+        };
+        let entries: Vec<(String, Settle)> =
+            handles.iter().map(|h| (h.clone(), Settle::Ack)).collect();
+        let acks = if entries.is_empty() {
+            Vec::new()
+        } else {
+            self.settle_batch(name, &entries).await?
+        };
+        let acked = acks.iter().any(Result::is_ok);
+        let deliveries = match self
+            .consume_from(name, Some(sub), partition, wait, max)
+            .await
+        {
+            Ok(d) => d,
+            // An ack answered 204 must reach its caller: the consume's error does not.
+            Err(e) if acked => {
+                tracing::warn!(topic = name, error = %e, "consume after acks failed");
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(AckedConsume { deliveries, acks })
+    }
+
     /// Acks `handles`, then leases up to `max` messages as [`Broker::consume`] does (with
     /// `partition`, only from it; long-polling up to `wait`); see the module
     /// documentation for how the two combine.

@@ -100,9 +100,10 @@ fn consume_query(q: &Query) -> Result<(Duration, Option<u32>, Option<u32>), ApiE
     Ok((wait, partition, max))
 }
 
-/// `POST /v1/topics/{topic}/consume[?wait=10s][&partition=N][&max=N]` with an optional
-/// body `{"ack":["h1","h2"]}`: acks those handles and leases up to `max` (default 1)
-/// messages, the acks on one partition in the same commit as its lease. Always 200 with
+/// `POST /v1/topics/{topic}/consume[?wait=10s][&partition=N][&max=N][&subscription=S]`
+/// with an optional body `{"ack":["h1","h2"]}`: acks those handles and leases up to `max`
+/// (default 1) messages, the acks on one partition in the same commit as its lease (for a
+/// subscription: its acks first, then its lease). Always 200 with
 /// `{"messages":[...],"acks":[{"status":204},{"status":410,"error":{...}}]}` (messages
 /// may be empty; `acks` answers each handle as `POST /ack` would, in order).
 pub(in crate::http) async fn consume_acking(
@@ -115,8 +116,9 @@ pub(in crate::http) async fn consume_acking(
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
     allow(&caller, Action::Consume, &name)?;
-    let q = Query::parse(raw, &["wait", "partition", "max"])?;
+    let q = Query::parse(raw, &["wait", "partition", "max", "subscription"])?;
     let (wait, partition, max) = consume_query(&q)?;
+    let sub = q.get("subscription");
     let body = read_body(&headers, body, MAX_BATCH_BODY).await?;
     let handles = if body.iter().all(u8::is_ascii_whitespace) {
         Vec::new()
@@ -126,10 +128,12 @@ pub(in crate::http) async fn consume_acking(
     let max = max.unwrap_or(1) as usize;
     let done = s
         .broker
-        .consume_acking(&name, partition, wait, max, &handles)
+        .consume_acking_from(&name, sub, (partition, wait, max), &handles)
         .await?;
-    let paused =
-        done.deliveries.is_empty() && s.broker.topic(&name).await.is_ok_and(|t| t.settings.paused);
+    let paused = done.deliveries.is_empty()
+        && s.broker.topic(&name).await.is_ok_and(|t| {
+            crate::broker::subscriptions::Group::of(&t, sub).is_ok_and(|g| g.settings(&t).paused)
+        });
     let view = AckedMessages {
         messages: done.deliveries.into_iter().map(MessageView::from).collect(),
         acks: done.acks.into_iter().map(EntryResult::settled).collect(),
