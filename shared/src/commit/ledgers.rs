@@ -2,17 +2,23 @@
 //! `topics/{t}/subs/{s}/{p}.json` for every lease request and settle queued on that
 //! subscription's partition while the previous write was in flight.
 //!
-//! A batch reads the partition's log first (the manifest, by a conditional read that
-//! transfers nothing when it has not changed since this process last read it), then
-//! applies [`crate::partition::subscription::apply`] to the subscription's state by the
-//! CAS protocol, starting from the state this process wrote or read last. It never writes
-//! the manifest: a produce costs the same whatever the number of subscriptions.
+//! A batch applies [`crate::partition::subscription::apply`] to the subscription's state
+//! by the CAS protocol, starting from the state this process wrote or read last, over the
+//! partition's log (the manifest) as this process knows it: the newer of the one this
+//! queue read last and the one this process's own commits left. The log is read again
+//! (a conditional read, which transfers nothing when unchanged) only when a lease request
+//! finds nothing available in it ([`needs_log`]), or it is older than [`LOG_MAX_AGE`]: a
+//! log only grows, so an old one offers fewer messages, never wrong ones. A batch never
+//! writes the manifest: a produce costs the same whatever the number of subscriptions.
 //!
 //! As with the partition's own queue, an operation once queued is committed even if its
 //! caller goes away (a lease granted to a vanished caller lapses).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -23,6 +29,42 @@ use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, Subs
 use crate::partition::{Layout, Manifest, Rules, Settle};
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
+
+/// How long a batch may lease over a log read earlier (new messages are seen as soon as
+/// the known ones run out; this bounds how long retention and compaction go unseen).
+pub const LOG_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// Whether a batch must read the log before applying `ops` to `state` over `log` (read at
+/// `read_at`) at `now_ms`: never for settles alone; for a lease request, when the log is
+/// older than [`LOG_MAX_AGE`] or offers nothing available to this ledger.
+fn needs_log(
+    ops: &[LedgerOp],
+    state: &SubscriptionState,
+    (log, read_at): (&Manifest, Instant),
+    now_ms: u64,
+) -> bool {
+    if !ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. })) {
+        return false;
+    }
+    if read_at.elapsed() > LOG_MAX_AGE {
+        return true;
+    }
+    // Bounded by the ledger's leases and acks ahead (flow control), plus one step per
+    // delayed run.
+    let mut o = state.frontier.max(log.start_offset);
+    while o < log.next_offset {
+        if let Some(d) = log.delayed_run(o, now_ms) {
+            o = d.to;
+            continue;
+        }
+        let leased = state.leases.get(&o).is_some_and(|l| l.deadline_ms > now_ms);
+        if !leased && !state.acked_ahead.contains(&o) {
+            return false;
+        }
+        o += 1;
+    }
+    true
+}
 
 /// The ledgers' queues of one process.
 #[derive(Default)]
@@ -42,6 +84,8 @@ struct LedgerKey {
 }
 
 struct LedgerQueue {
+    topic: String,
+    partition: u32,
     manifest_key: String,
     ledger_key: String,
     incarnation: String,
@@ -53,8 +97,8 @@ struct LedgerQueue {
 struct QueueState {
     pending: Vec<(LedgerOp, Rules, Answer)>,
     running: bool,
-    /// The log as last read.
-    log: Option<Snapshot<Manifest>>,
+    /// The log as last read, and when.
+    log: Option<(Snapshot<Manifest>, Instant)>,
     /// The ledger as last written or read.
     ledger: Option<Snapshot<SubscriptionState>>,
 }
@@ -144,6 +188,8 @@ impl Committer {
             .entry(key)
             .or_insert_with(|| {
                 Arc::new(LedgerQueue {
+                    topic: topic.name.clone(),
+                    partition,
                     manifest_key: topic.manifest_key(partition),
                     ledger_key: crate::keys::subscription_ledger(&topic.name, name, partition),
                     incarnation: topic.incarnation.clone(),
@@ -196,33 +242,56 @@ impl Committer {
         &self,
         q: &LedgerQueue,
         batch: Vec<(LedgerOp, Rules, Answer)>,
-        mut log: Option<Snapshot<Manifest>>,
+        mut log: Option<(Snapshot<Manifest>, Instant)>,
         mut ledger: Option<Snapshot<SubscriptionState>>,
     ) -> (
-        Option<Snapshot<Manifest>>,
+        Option<(Snapshot<Manifest>, Instant)>,
         Option<Snapshot<SubscriptionState>>,
     ) {
         let store = &*self.store;
-        let logs = Cell::<Manifest>::new(store, &*self.ids, &q.manifest_key, &q.incarnation);
-        let read = match log.as_mut() {
-            Some(snap) => logs.refresh::<BrokerError>(snap).await.map(|_| ()),
-            None => logs.read::<BrokerError>().await.map(|s| log = Some(s)),
+        let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
+        // The newer of this queue's log and the one this process's own commits left.
+        if let Some(own) = self.cached_manifest(&q.topic, &q.incarnation, q.partition) {
+            if log
+                .as_ref()
+                .is_none_or(|(l, _)| l.value.version < own.value.version)
+            {
+                log = Some((own, Instant::now()));
+            }
+        }
+        let stale = match (&log, &ledger) {
+            (None, _) => true,
+            (Some((l, at)), Some(state)) => {
+                needs_log(&ops, &state.value, (&l.value, *at), self.clock.now_ms())
+            }
+            (Some((_, at)), None) => at.elapsed() > LOG_MAX_AGE,
         };
-        let log = match (read, log) {
-            (Ok(()), Some(log)) => log,
-            (Err(e), _) => {
+        if stale {
+            let logs = Cell::<Manifest>::new(store, &*self.ids, &q.manifest_key, &q.incarnation);
+            let read = match log.as_mut() {
+                Some((snap, at)) => {
+                    let r = logs.refresh::<BrokerError>(snap).await;
+                    *at = Instant::now();
+                    r.map(|_| ())
+                }
+                None => logs
+                    .read::<BrokerError>()
+                    .await
+                    .map(|s| log = Some((s, Instant::now()))),
+            };
+            if let Err(e) = read {
                 let e = BrokerError::from(e);
                 for (_, _, tx) in batch {
                     tx.fail(e.clone());
                 }
                 return (None, ledger);
             }
-            (Ok(()), None) => {
-                for (_, _, tx) in batch {
-                    tx.fail(BrokerError::Internal("the log was not read".into()));
-                }
-                return (None, ledger);
+        }
+        let Some((log, read_at)) = log else {
+            for (_, _, tx) in batch {
+                tx.fail(BrokerError::Internal("the log was not read".into()));
             }
+            return (None, ledger);
         };
         // One rule set per batch: the newest operation's (they differ only across a
         // settings change, which reaches every operation within the topic cache period).
@@ -230,7 +299,6 @@ impl Committer {
             .last()
             .map(|(_, r, _)| *r)
             .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()));
-        let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
         let now = self.clock.now_ms();
         let cell = Cell::<SubscriptionState>::new(store, &*self.ids, &q.ledger_key, &q.origin);
         let done = cell
@@ -285,6 +353,60 @@ impl Committer {
                 }
             }
         }
-        (Some(log), ledger)
+        (Some((log, read_at)), ledger)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::testing::manifest_with;
+    use crate::partition::Lease;
+
+    fn state(frontier: u64) -> SubscriptionState {
+        SubscriptionState::new(&Origin {
+            id: "s".into(),
+            start: frontier,
+        })
+    }
+
+    const LEASE: LedgerOp = LedgerOp::Lease {
+        max: 1,
+        max_bytes: u64::MAX,
+    };
+
+    #[test]
+    fn the_log_is_read_again_only_when_a_lease_finds_nothing_in_it() {
+        let log = manifest_with(3);
+        let fresh = Instant::now();
+        let ack = LedgerOp::Settle {
+            offset: 0,
+            lease_id: 1,
+            action: Settle::Ack,
+        };
+        assert!(
+            !needs_log(&[ack], &state(3), (&log, fresh), 0),
+            "settles alone"
+        );
+        assert!(!needs_log(&[LEASE], &state(0), (&log, fresh), 0));
+        assert!(needs_log(&[ack, LEASE], &state(3), (&log, fresh), 0));
+        // Everything leased, acked ahead or delayed: nothing to lease in this log.
+        let mut s = state(0);
+        s.leases.insert(
+            0,
+            Lease {
+                lease_id: 1,
+                deadline_ms: 100,
+                delivery_count: 1,
+                key_hash: None,
+            },
+        );
+        s.acked_ahead.insert(1);
+        let mut delayed = log.clone();
+        delayed.delay(2, 3, 500);
+        assert!(needs_log(&[LEASE], &s, (&delayed, fresh), 50));
+        // A lease lapses, a delay ends: available again without a read.
+        assert!(!needs_log(&[LEASE], &s, (&delayed, fresh), 100));
+        assert!(!needs_log(&[LEASE], &s, (&log, fresh), 50));
     }
 }

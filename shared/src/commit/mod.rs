@@ -476,6 +476,20 @@ impl Committer {
         }
     }
 
+    /// The manifest this process's commits or reads of the partition left, if it holds
+    /// one and no batch is using it now.
+    fn cached_manifest(
+        &self,
+        topic: &str,
+        incarnation: &str,
+        partition: u32,
+    ) -> Option<Snapshot<Manifest>> {
+        let key = (topic.to_owned(), incarnation.to_owned(), partition);
+        let queue = lock(&self.queues).get(&key)?.clone();
+        let st = lock(&queue.state);
+        st.cache.clone()
+    }
+
     /// Removes every retained message of the partition (available, in flight, acked ahead);
     /// answers how many. Outstanding receipt handles then get 410; new produces continue
     /// from the next offset. The objects are deleted after the commit lands.
