@@ -2,8 +2,8 @@
 # The web console in a real headless browser: installs Debian's chromium and chromedriver
 # (apt, when missing) and Selenium (tests/console/requirements.txt, into .tools/console-venv),
 # starts `narad serve` on a fresh file store, and runs tests/console/console_test.py: sign in,
-# see a topic with its backlog, open a message. Screenshots are kept in
-# target/console-screenshots (topics.png, message.png; failure.png when it fails).
+# see a topic with its backlog and its subscriptions, open a message. Screenshots are kept in
+# target/console-screenshots (topics.png, topic.png, message.png; failure.png when it fails).
 # Usage: tests/console.sh   (NARAD_BIN to test another build)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -93,6 +93,8 @@ def setup_topic():
     expect(status, data, {204, 404}, f"delete leftover {TOPIC}")
     status, data = api("PUT", f"/v1/topics/{TOPIC}", json.dumps({"partitions": 2}).encode())
     expect(status, data, {200, 201}, f"create {TOPIC}")
+    status, data = api("PUT", f"/v1/topics/{TOPIC}/subscriptions/billing", b"{}")
+    expect(status, data, {201}, f"create subscription billing on {TOPIC}")
     landed = {}
     for body in MESSAGES:
         status, data = api("POST", f"/v1/topics/{TOPIC}/produce", body)
@@ -165,6 +167,12 @@ def run(driver, landed):
     # c. Open the topic and peek the JSON message where the produce said it landed.
     driver.find_element(By.CSS_SELECTOR, f"{row[1]} a").click()
     wait_for(driver, "the partitions table", lambda d: d.find_elements(*css("partitions-table")))
+    # The subscriptions table: billing has every message as its own backlog.
+    sub = css("subscription-row", '[data-subscription="billing"]')
+    sub_backlog = (By.CSS_SELECTOR, f'{sub[1]} [data-testid="subscription-backlog"]')
+    wait_for(driver, f"the billing subscription with backlog {len(MESSAGES)}",
+             lambda d: text_of(d, sub_backlog) == str(len(MESSAGES)))
+    shot(driver, "topic.png")
     partition, offset = landed[json.dumps(JSON_MESSAGE).encode()]
     peek(driver, partition, offset)
     wait_for(driver, f'the peeked message (partition {partition}, offset {offset}) to show "hello"',
@@ -196,6 +204,10 @@ def check_nothing_leased():
     available = sum(p["available"] for p in parts)
     if available != len(MESSAGES):
         raise Failure(f"available is {available} after the test, expected {len(MESSAGES)}")
+    status, data = api("GET", f"/v1/topics/{TOPIC}/subscriptions/billing")
+    expect(status, data, {200}, "get subscription billing")
+    if sum(p["in_flight"] for p in data["partitions"]) != 0:
+        raise Failure(f"the console leased messages of billing: {data}")
 
 
 def main():

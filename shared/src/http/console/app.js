@@ -313,6 +313,7 @@
   async function showTopic(name, live) {
     let topic = null; // the latest GET /v1/topics/{name}
     const stats = h('div', { id: 'topic-stats' }, h('p', { class: 'muted' }, 'Loading…'));
+    const subs = h('div', { id: 'subscriptions', testid: 'subscriptions' });
     const refresh = h('button', { type: 'button', id: 'refresh', testid: 'refresh', onclick: () => load() }, 'Refresh');
 
     // Peek: a read-only replay of one message by partition and offset.
@@ -376,6 +377,8 @@
       h('p', { class: 'crumbs' }, h('a', { href: '#/' }, 'Topics'), ' / '),
       h('div', { class: 'head' }, h('h1', { testid: 'topic-name' }, name), refresh),
       stats,
+      h('h2', {}, 'Subscriptions'),
+      subs,
       h('h2', {}, 'Peek'),
       h('p', { class: 'muted' }, 'Reads one message by partition and offset. Read-only: it leases nothing.'),
       peekForm,
@@ -437,6 +440,7 @@
         topic = data;
         stats.replaceChildren(renderTopic(data));
         syncPartitions(data, first);
+        await loadSubscriptions();
       } catch (err) {
         if (!live()) return;
         if (topic == null) {
@@ -447,6 +451,24 @@
       } finally {
         refresh.disabled = false;
       }
+    }
+
+    // Every subscription with its figures summed over the partitions (one GET each, a few
+    // at a time).
+    async function loadSubscriptions() {
+      const { data } = await api(`${topicPath(name)}/subscriptions`);
+      if (!live()) return;
+      const list = data.subscriptions ?? [];
+      const full = new Map();
+      await pool(list, 4, async (s) => {
+        const { data: one } = await api(`${topicPath(name)}/subscriptions/${encodeURIComponent(s.name)}`);
+        full.set(s.name, one);
+      });
+      if (!live()) return;
+      subs.replaceChildren(list.length === 0
+        ? h('p', { class: 'muted', testid: 'no-subscriptions' },
+          'None besides the topic\'s own. Each subscription gets every message, with its own leases and acks.')
+        : renderSubscriptions(list.map((s) => full.get(s.name) ?? s)));
     }
 
     function syncPartitions(data, first) {
@@ -516,6 +538,35 @@
       h('div', { class: 'scroll' }, table),
       h('h2', {}, 'Settings'),
       settings);
+  }
+
+  function renderSubscriptions(list) {
+    const numCell = (v, testid) => h('td', { class: 'num', testid }, num(v));
+    const oldest = (parts, field) => parts.reduce((m, p) =>
+      (typeof p[field] === 'number' && (m == null || p[field] > m) ? p[field] : m), null);
+    return h('div', { class: 'scroll' }, h('table', { id: 'subscriptions-table', testid: 'subscriptions-table' },
+      h('thead', {}, h('tr', {},
+        ...['Subscription', 'Start', 'Backlog', 'In flight', 'Acked ahead', 'Delayed', 'Lost',
+          'Oldest message age', 'Visibility timeout', 'Paused']
+          .map((label) => h('th', { class: ['Subscription', 'Start', 'Oldest message age', 'Paused'].includes(label) ? '' : 'num' }, label)))),
+      h('tbody', {}, list.map((s) => {
+        const parts = s.partitions ?? [];
+        const e = s.effective ?? {};
+        return h('tr', { testid: 'subscription-row', 'data-subscription': s.name },
+          h('td', { testid: 'subscription-name' }, s.name),
+          h('td', {}, s.start ?? '—'),
+          numCell(sum(parts, 'available'), 'subscription-backlog'),
+          numCell(sum(parts, 'in_flight'), 'subscription-in-flight'),
+          numCell(sum(parts, 'acked_ahead'), 'subscription-acked-ahead'),
+          numCell(sum(parts, 'delayed'), 'subscription-delayed'),
+          numCell(sum(parts, 'lost'), 'subscription-lost'),
+          ageCell({
+            oldest_unsettled_age_ms: oldest(parts, 'oldest_unsettled_age_ms'),
+            oldest_available_age_ms: oldest(parts, 'oldest_available_age_ms'),
+          }),
+          h('td', { class: 'num' }, typeof e.visibility_timeout_ms === 'number' ? duration(e.visibility_timeout_ms) : '—'),
+          h('td', {}, e.paused ? 'yes' : 'no'));
+      }))));
   }
 
   // Oldest message age, when the broker reports it (newer versions do).
