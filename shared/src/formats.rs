@@ -19,7 +19,7 @@
 /// | 2 | segments `NSG3`: a segment's body compressed (LZ4) when that saves an eighth or more |
 /// | 3 | intents (settles and lease requests any process commits, `…-i{op}` under `segments/`) and manifest format 6 (`decided`, `decided_floor`) |
 /// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so a combinable segment's write need not confirm the topic record first |
-/// | 5 | subscriptions: `subscriptions` in topic records, their ledgers `topics/{t}/subs/{s}/{p}.json`, receipt handles `v2` (they name the subscription) |
+/// | 5 | subscriptions: `subscriptions` in topic records, their ledgers `topics/{t}/subs/{s}/{id}/{p}.json`, receipt handles `v2` (they name the subscription) |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]

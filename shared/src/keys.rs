@@ -91,15 +91,33 @@ pub fn partition_of_manifest(topic: &str, key: &str) -> Option<u32> {
         .ok()
 }
 
-/// `topics/{topic}/subs/{subscription}/`: every ledger of a subscription.
-pub fn subscription_prefix(topic: &str, subscription: &str) -> String {
-    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/")
+/// `topics/{topic}/subs/`: every subscription's ledgers.
+pub fn subscriptions_prefix(topic: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/subs/")
 }
 
-/// `topics/{topic}/subs/{subscription}/{partition}.json`: a subscription's ledger on one
-/// partition ([`crate::partition::subscription`]).
-pub fn subscription_ledger(topic: &str, subscription: &str, partition: u32) -> String {
-    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/{partition}.json")
+/// `topics/{topic}/subs/{subscription}/{id}/`: the ledgers of one creation of a
+/// subscription (its id): those of a deleted one are never written again, so they can be
+/// deleted without racing a new subscription of the same name.
+pub fn subscription_prefix(topic: &str, subscription: &str, id: &str) -> String {
+    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/{id}/")
+}
+
+/// `topics/{topic}/subs/{subscription}/{id}/{partition}.json`: a subscription's ledger on
+/// one partition ([`crate::partition::subscription`]).
+pub fn subscription_ledger(topic: &str, subscription: &str, id: &str, partition: u32) -> String {
+    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/{id}/{partition}.json")
+}
+
+/// The (subscription, id) whose ledger `key` is, if it is one under `topic`.
+pub fn subscription_of_ledger<'a>(topic: &str, key: &'a str) -> Option<(&'a str, &'a str)> {
+    let rest = key
+        .strip_prefix(TOPICS_PREFIX)?
+        .strip_prefix(topic)?
+        .strip_prefix("/subs/")?;
+    let mut parts = rest.split('/');
+    let (name, id, file) = (parts.next()?, parts.next()?, parts.next()?);
+    (parts.next().is_none() && file.ends_with(".json")).then_some((name, id))
 }
 
 /// `topics/{topic}/{partition}/segments/{id}`.

@@ -442,7 +442,13 @@ async fn sigkill_and_restart_loses_nothing() {
 async fn settled_in(store: &DynStore, group: usize, (p, o): (u64, u64)) -> Option<bool> {
     let key = match GROUPS[group] {
         None => narad_shared::keys::manifest("crash", narad_shared::keys::LAYOUT_FLAT, p as u32),
-        Some(s) => narad_shared::keys::subscription_ledger("crash", s, p as u32),
+        Some(s) => {
+            // The subscription's ledger is under its id: find it by listing.
+            let prefix = format!("topics/crash/subs/{s}/");
+            let keys = store.list(&prefix).await.ok()?;
+            let suffix = format!("/{p}.json");
+            keys.into_iter().find(|k| k.ends_with(&suffix))?
+        }
     };
     let stored = store.get(&key).await.ok()??;
     let m: Value = serde_json::from_slice(narad_shared::cas::open_json(&stored.data).ok()?).ok()?;

@@ -194,7 +194,15 @@ enum Outcome {
 async fn settled_in(raw: &DynStore, group: usize, (p, o): (u32, u64)) -> bool {
     let key = match GROUPS[group] {
         None => format!("topics/f/{p}.manifest.json"),
-        Some(s) => format!("topics/f/subs/{s}/{p}.json"),
+        // The one creation of the subscription: its ledgers are under its id.
+        Some(s) => {
+            let suffix = format!("/{p}.json");
+            let keys = raw.list(&format!("topics/f/subs/{s}/")).await.unwrap();
+            match keys.into_iter().find(|k| k.ends_with(&suffix)) {
+                Some(k) => k,
+                None => return false,
+            }
+        }
     };
     let Some(stored) = raw.get(&key).await.unwrap() else {
         return false;

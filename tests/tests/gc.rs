@@ -267,3 +267,66 @@ async fn checkpoints_a_failed_delete_left_behind_are_collected_and_the_two_newes
     let again = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(again.checkpoints_deleted, 0, "{again:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledgers_of_deleted_subscriptions_go_and_current_ones_stay() {
+    let (store, _dir) = test_store().await;
+    let clock = ManualClock::new(T0);
+    let b = broker(store.clone(), &clock).await;
+    b.create_topic("subs", &SettingsInput::default())
+        .await
+        .unwrap();
+    let input = narad_shared::subscription::SubscriptionInput::default();
+    b.create_subscription("subs", "keep", &input).await.unwrap();
+    let (_, t) = b.create_subscription("subs", "gone", &input).await.unwrap();
+    let gone_id = t.subscription("gone").unwrap().id.clone();
+    b.produce("subs", msg("m")).await.unwrap();
+    for sub in ["keep", "gone"] {
+        let d = b
+            .consume_from("subs", Some(sub), None, Duration::ZERO, 1)
+            .await
+            .unwrap();
+        assert_eq!(d.len(), 1, "{sub}");
+    }
+    let ledgers = || async {
+        let mut k = store
+            .list(&keys::subscriptions_prefix("subs"))
+            .await
+            .unwrap();
+        k.sort();
+        k
+    };
+    assert_eq!(ledgers().await.len(), 2);
+    // An interrupted delete: the record is gone, its ledger left behind (written back
+    // here as a commit that landed after the delete would have).
+    let key = keys::subscription_ledger("subs", "gone", &gone_id, 0);
+    let left = store.get(&key).await.unwrap().unwrap().data;
+    b.delete_subscription("subs", "gone").await.unwrap();
+    assert_eq!(ledgers().await.len(), 1, "the delete took its ledger");
+    store.put_if_absent(&key, left).await.unwrap();
+    // A new subscription of the same name starts afresh, under its own id.
+    b.create_subscription("subs", "gone", &input).await.unwrap();
+    b.produce("subs", msg("m2")).await.unwrap();
+    let d = b
+        .consume_from("subs", Some("gone"), None, Duration::ZERO, 9)
+        .await
+        .unwrap();
+    let got: Vec<&[u8]> = d.iter().map(|d| &d.payload[..]).collect();
+    assert_eq!(
+        got,
+        [b"m2"],
+        "a new subscription starts at the latest offset"
+    );
+    let dry = maintenance::gc(&b, DEFAULT_GRACE, true).await.unwrap();
+    assert_eq!(dry.subscription_ledgers_deleted, 1);
+    assert_eq!(ledgers().await.len(), 3, "a dry run deletes nothing");
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(g.subscription_ledgers_deleted, 1);
+    let left: Vec<String> = ledgers().await;
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|k| !k.contains(&gone_id)), "{left:?}");
+    // The current subscriptions' ledgers still hold their leases.
+    let t = b.topic("subs").await.unwrap();
+    let keep = b.subscription_stats(&t, "keep").await.unwrap();
+    assert_eq!(keep[0].in_flight, 1);
+}

@@ -111,7 +111,7 @@ impl Broker {
                 id: rec.id.clone(),
                 start: rec.start_offset(p),
             };
-            let key = keys::subscription_ledger(&topic.name, name, p);
+            let key = keys::subscription_ledger(&topic.name, name, &rec.id, p);
             let cell = Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &key, &origin);
             let mut state = cell.read::<BrokerError>().await?.value;
             // As the next commit will see it: what retention removed since is lost.
@@ -266,22 +266,22 @@ impl Broker {
         validate_name(sub)?;
         self.gate.check()?;
         let key = keys::topic_settings(name);
-        let (_, snap) = self
+        let (id, snap) = self
             .record_cell(&key)
             .update(Pure(|cur: &mut Option<TopicRecord>| {
                 let Some(rec) = cur else {
                     return Err(BrokerError::TopicNotFound);
                 };
-                if rec.subscriptions.remove(sub).is_none() {
-                    return Err(BrokerError::SubscriptionNotFound);
+                match rec.subscriptions.remove(sub) {
+                    Some(removed) => Ok(Decision::Commit(removed.id)),
+                    None => Err(BrokerError::SubscriptionNotFound),
                 }
-                Ok(Decision::Commit(()))
             }))
             .await?;
         self.remember(name, snap)?;
-        // The record went first: the ledgers left by an interrupted delete belong to a
-        // removed creation, which a new subscription of the name reads as empty.
-        let prefix = keys::subscription_prefix(name, sub);
+        // The record went first; the ledgers are under the removed creation's id, which
+        // nothing writes again (gc deletes what an interrupted delete leaves).
+        let prefix = keys::subscription_prefix(name, sub, &id);
         let deleted = self.store.list(&prefix).await?;
         for k in &deleted {
             self.store.delete(k).await?;

@@ -1,5 +1,5 @@
 //! Group commit of subscriptions' ledgers (docs/design.md §5): one conditional write of
-//! `topics/{t}/subs/{s}/{p}.json` for every lease request and settle queued on that
+//! `topics/{t}/subs/{s}/{id}/{p}.json` for every lease request and settle queued on that
 //! subscription's partition while the previous write was in flight.
 //!
 //! A batch applies [`crate::partition::subscription::apply`] to the subscription's state
@@ -191,7 +191,12 @@ impl Committer {
                     topic: topic.name.clone(),
                     partition,
                     manifest_key: topic.manifest_key(partition),
-                    ledger_key: crate::keys::subscription_ledger(&topic.name, name, partition),
+                    ledger_key: crate::keys::subscription_ledger(
+                        &topic.name,
+                        name,
+                        &sub.id,
+                        partition,
+                    ),
                     incarnation: topic.incarnation.clone(),
                     origin: Origin {
                         id: sub.id.clone(),

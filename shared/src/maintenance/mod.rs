@@ -77,6 +77,9 @@ pub struct GcReport {
     pub skipped_newer: u64,
     /// Records of processes that stopped an hour or more ago ([`crate::gate`]), deleted.
     pub process_records_deleted: u64,
+    /// Ledgers of deleted subscriptions (an interrupted delete's, or a commit's that
+    /// landed after it), deleted.
+    pub subscription_ledgers_deleted: u64,
 }
 
 /// One pass's settings.
@@ -124,6 +127,20 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
             Err(e) => return Err(e),
         };
         report.topics += 1;
+        // Ledgers of subscriptions the topic no longer has (listed before the topic was
+        // read: a subscription created since has no ledger in the listing).
+        for k in &objects {
+            let Some((sub, id)) = keys::subscription_of_ledger(name, k) else {
+                continue;
+            };
+            if topic.subscription(sub).is_some_and(|r| r.id == id) {
+                continue;
+            }
+            if !dry_run {
+                broker.store().delete(k).await?;
+            }
+            report.subscription_ledgers_deleted += 1;
+        }
         for p in 0..topic.settings.partitions {
             report.partitions += 1;
             match partition(broker, pass, &topic, p, &objects, &mut report).await {

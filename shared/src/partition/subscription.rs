@@ -1,4 +1,4 @@
-//! A subscription's ledger on one partition: `topics/{t}/subs/{s}/{p}.json`
+//! A subscription's ledger on one partition: `topics/{t}/subs/{s}/{id}/{p}.json`
 //! ([`SubscriptionState`], a [`crate::cas::Cell`] of its own, docs/design.md §5).
 //!
 //! A topic's messages are stored once, in the partition's segments, listed by its
