@@ -219,9 +219,26 @@ impl Committer {
         }
     }
 
-    /// Commits batches until the queue is empty.
+    /// Commits batches until the queue is empty. While the ledger is busy (the previous
+    /// batch held more than one operation) each batch first waits the committer's
+    /// `linger`, as the partition's own queue does: the clients answered by the last
+    /// commit come back in time to share the next one.
     async fn drain_ledger(self: Arc<Self>, q: Arc<LedgerQueue>) {
+        // Should this task ever die mid-batch, the next submit starts a new one.
+        struct Running(Arc<LedgerQueue>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    lock(&self.0.state).running = false;
+                }
+            }
+        }
+        let _running = Running(q.clone());
+        let mut last_batch = 0;
         loop {
+            if last_batch > 1 && !self.linger.is_zero() {
+                tokio::time::sleep(self.linger).await;
+            }
             let (batch, log, ledger) = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
@@ -234,6 +251,7 @@ impl Committer {
                     st.ledger.take(),
                 )
             };
+            last_batch = batch.len();
             let (log, ledger) = self.ledger_batch(&q, batch, log, ledger).await;
             let mut st = lock(&q.state);
             st.log = log;
