@@ -273,3 +273,40 @@ async fn a_subscription_shows_its_own_backlog_per_partition() {
     assert_eq!(t["partitions"][0]["available"], 3, "{t}");
     assert_eq!(t["partitions"][0]["in_flight"], 0, "{t}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_purges_alone() {
+    let s = Server::start().await;
+    s.create_topic("purged", json!({"partitions": 2})).await;
+    put_sub(&s, "purged", "a", json!({})).await;
+    put_sub(&s, "purged", "b", json!({})).await;
+    for n in 0..4 {
+        s.produce("purged", json!({ "n": n }).to_string()).await;
+    }
+    let m = s.consume("purged", "subscription=a").await.unwrap();
+    let h = m["receipt_handle"].as_str().unwrap().to_owned();
+    let r = s
+        .req(Method::POST, "/v1/topics/purged/purge?subscription=a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["purged"], 4, "{v}");
+    assert_eq!(s.ack("purged", &h, "").await, StatusCode::GONE);
+    assert_eq!(drain(&s, "purged", "a").await, Vec::<u64>::new());
+    assert_eq!(drain(&s, "purged", "b").await, vec![0, 1, 2, 3]);
+    assert_eq!(s.topic("purged").await["partitions"][0]["available"], 2);
+    s.produce("purged", json!({ "n": 4 }).to_string()).await;
+    assert_eq!(
+        drain(&s, "purged", "a").await,
+        vec![4],
+        "new messages come again"
+    );
+    let r = s
+        .req(Method::POST, "/v1/topics/purged/purge?subscription=zz")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}

@@ -331,6 +331,35 @@ impl Broker {
     ///
     /// Errors: [`BrokerError::TopicNotFound`], store failures.
     pub async fn purge_topic(&self, name: &str) -> BrokerResult<u64> {
+        self.purge_from(name, None).await
+    }
+
+    /// As [`Broker::purge_topic`] with `sub: None`; with a subscription, settles every
+    /// message the topic holds now for that subscription alone (its outstanding handles
+    /// get 410; the messages stay for the others). Answers how many were unsettled.
+    ///
+    /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::SubscriptionNotFound`],
+    /// store failures.
+    pub async fn purge_from(&self, name: &str, sub: Option<&str>) -> BrokerResult<u64> {
+        if let Some(sub) = sub {
+            return self
+                .with_topic(name, |topic| async move {
+                    let super::subscriptions::Group::Named(n, rec) =
+                        super::subscriptions::Group::of(&topic, Some(sub))?
+                    else {
+                        return Err(BrokerError::SubscriptionNotFound);
+                    };
+                    let mut removed = 0;
+                    for p in 0..topic.settings.partitions {
+                        removed += self
+                            .committer
+                            .purge_subscription(&topic, (n, rec), p)
+                            .await?;
+                    }
+                    Ok(removed)
+                })
+                .await;
+        }
         self.with_topic(name, |topic| async move {
             let mut removed = 0;
             for p in 0..topic.settings.partitions {

@@ -43,6 +43,10 @@ fn needs_log(
     (log, read_at): (&Manifest, Instant),
     now_ms: u64,
 ) -> bool {
+    if ops.contains(&LedgerOp::Purge) {
+        // A purge settles what the log holds now.
+        return true;
+    }
     if !ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. })) {
         return false;
     }
@@ -106,6 +110,7 @@ struct QueueState {
 enum Answer {
     Lease(oneshot::Sender<BrokerResult<LeaseAnswer>>),
     Settle(oneshot::Sender<BrokerResult<()>>),
+    Purge(oneshot::Sender<BrokerResult<u64>>),
 }
 
 impl Answer {
@@ -113,6 +118,7 @@ impl Answer {
         match self {
             Answer::Lease(tx) => drop(tx.send(Err(e))),
             Answer::Settle(tx) => drop(tx.send(Err(e))),
+            Answer::Purge(tx) => drop(tx.send(Err(e))),
         }
     }
 }
@@ -168,6 +174,26 @@ impl Committer {
             results.push(answer(rx).await);
         }
         results
+    }
+
+    /// Purges the subscription `sub` on `partition`: every message the partition holds
+    /// now is settled for it, every lease ends; answers how many were unsettled.
+    ///
+    /// Errors: as [`Committer::lease_subscription`].
+    pub async fn purge_subscription(
+        self: &Arc<Self>,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+    ) -> BrokerResult<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue_ledger(
+            topic,
+            (name, sub),
+            partition,
+            [(LedgerOp::Purge, Answer::Purge(tx))],
+        );
+        answer(rx).await
     }
 
     fn enqueue_ledger(
@@ -287,7 +313,7 @@ impl Committer {
             (Some((l, at)), Some(state)) => {
                 needs_log(&ops, &state.value, (&l.value, *at), self.clock.now_ms())
             }
-            (Some((_, at)), None) => at.elapsed() > LOG_MAX_AGE,
+            (Some((_, at)), None) => at.elapsed() > LOG_MAX_AGE || ops.contains(&LedgerOp::Purge),
         };
         if stale {
             let logs = Cell::<Manifest>::new(store, &*self.ids, &q.manifest_key, &q.incarnation);
@@ -363,6 +389,7 @@ impl Committer {
                         (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
                             drop(tx.send(r.map_err(BrokerError::from)));
                         }
+                        (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
                         (tx, _) => tx.fail(BrokerError::Internal(
                             "a ledger operation got another's outcome".into(),
                         )),

@@ -94,6 +94,18 @@ impl SubscriptionState {
         true
     }
 
+    /// Settles every message of `log` for this subscription: the frontier moves to the
+    /// log's next offset and every lease ends. Returns how many were unsettled.
+    pub fn purge(&mut self, log: &Manifest) -> u64 {
+        let next = log.next_offset.max(self.frontier);
+        let acked = self.acked_ahead.range(..next).count() as u64;
+        let purged = (next - self.frontier).saturating_sub(acked);
+        self.frontier = next;
+        self.leases = self.leases.split_off(&next);
+        self.acked_ahead = self.acked_ahead.split_off(&next);
+        purged
+    }
+
     /// This state as a ledger over `log`, the partition's manifest.
     pub fn over<'a>(&'a mut self, log: &'a Manifest) -> Subscribed<'a> {
         Subscribed { state: self, log }
@@ -118,6 +130,9 @@ pub enum LedgerOp {
         /// Payload bytes at most.
         max_bytes: u64,
     },
+    /// Settle every message of the log for this subscription (its purge): the frontier
+    /// moves to the log's next offset, every lease ends.
+    Purge,
     /// Settle the lease `lease_id` on `offset`.
     Settle {
         /// The message.
@@ -136,12 +151,14 @@ pub enum LedgerOutcome {
     Leased(Leased),
     /// A settle's result.
     Settled(Result<(), Refused>),
+    /// A purge's count: the unsettled messages it settled.
+    Purged(u64),
 }
 
 /// Applies one batch of operations to a subscription's state over `log` at `now`: first
 /// what retention removed ([`SubscriptionState::catch_up`]), then every settle in order
-/// (so acks free room for the leases), then the lease requests in order, sharing one
-/// pass. One outcome per operation, in order. Per-key ordering is not applied here (a
+/// (so acks free room for the leases), then purges, then the lease requests in order,
+/// sharing one pass. One outcome per operation, in order. Per-key ordering is not applied here (a
 /// subscription of an ordered topic is refused at creation).
 pub fn apply(
     state: &mut SubscriptionState,
@@ -164,6 +181,13 @@ pub fn apply(
             out[i] = Some(LedgerOutcome::Settled(r));
         }
     }
+    drop(view);
+    for (i, op) in ops.iter().enumerate() {
+        if *op == LedgerOp::Purge {
+            out[i] = Some(LedgerOutcome::Purged(state.purge(log)));
+        }
+    }
+    let mut view = state.over(log);
     let mut cursor = Cursor::new(&view, now, false);
     let keys = Keys::default();
     for (i, op) in ops.iter().enumerate() {
@@ -365,6 +389,36 @@ mod tests {
         assert_eq!(got[1], LedgerOutcome::Settled(Ok(())));
         assert_eq!(got[2], LedgerOutcome::Settled(Err(Refused::LeaseGone)));
         assert_eq!(s.frontier, 1);
+    }
+
+    #[test]
+    fn a_purge_settles_everything_the_log_holds_for_this_subscription_only() {
+        let log = manifest_with(6);
+        let mut s = SubscriptionState::new(&origin("a", 1));
+        s.version = 3;
+        let lease2 = LedgerOp::Lease {
+            max: 2,
+            max_bytes: u64::MAX,
+        };
+        apply(&mut s, &log, 10, &rules(), &[lease2]);
+        s.acked_ahead.insert(4);
+        s.version = 4;
+        let got = apply(&mut s, &log, 10, &rules(), &[LedgerOp::Purge, lease2]);
+        // 1..6 were unsettled but for 4 (acked): four settled; nothing left to lease.
+        assert_eq!(got[0], LedgerOutcome::Purged(4));
+        assert_eq!(got[1], LedgerOutcome::Leased(Leased::default()));
+        assert_eq!(s.frontier, 6);
+        assert!(s.leases.is_empty() && s.acked_ahead.is_empty());
+        let ack = LedgerOp::Settle {
+            offset: 1,
+            lease_id: 3,
+            action: Settle::Ack,
+        };
+        assert_eq!(
+            apply(&mut s, &log, 10, &rules(), &[ack])[0],
+            LedgerOutcome::Settled(Err(Refused::LeaseGone)),
+            "a handle of before the purge is gone"
+        );
     }
 
     #[test]

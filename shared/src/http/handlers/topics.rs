@@ -126,8 +126,9 @@ pub(in crate::http) async fn delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `POST /v1/topics/{topic}/purge`: remove every retained message (available and in
-/// flight); outstanding receipt handles then get 410. Answers `{"purged": N}`.
+/// `POST /v1/topics/{topic}/purge[?subscription=S]`: remove every retained message
+/// (available and in flight); outstanding receipt handles then get 410. With
+/// `subscription`, settle them for that subscription alone. Answers `{"purged": N}`.
 pub(in crate::http) async fn purge(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -136,8 +137,8 @@ pub(in crate::http) async fn purge(
 ) -> Result<Response, ApiError> {
     let name = topic_name(path)?;
     allow(&caller, Action::Admin, &name)?;
-    Query::parse(raw, &[])?;
-    let purged = s.broker.purge_topic(&name).await?;
+    let q = Query::parse(raw, &["subscription"])?;
+    let purged = s.broker.purge_from(&name, q.get("subscription")).await?;
     Ok(Json(serde_json::json!({ "purged": purged })).into_response())
 }
 
