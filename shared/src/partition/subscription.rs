@@ -181,7 +181,6 @@ pub fn apply(
             out[i] = Some(LedgerOutcome::Settled(r));
         }
     }
-    drop(view);
     for (i, op) in ops.iter().enumerate() {
         if *op == LedgerOp::Purge {
             out[i] = Some(LedgerOutcome::Purged(state.purge(log)));
