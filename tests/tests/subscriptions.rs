@@ -310,3 +310,47 @@ async fn a_subscription_purges_alone() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_of_an_ordered_topic_keeps_each_keys_order() {
+    let s = Server::start().await;
+    s.create_topic("ordered", json!({"ordering": "key"})).await;
+    put_sub(&s, "ordered", "a", json!({})).await;
+    for (key, n) in [("acct-1", 0), ("acct-1", 1), ("acct-2", 2), ("acct-1", 3)] {
+        s.produce_q(
+            "ordered",
+            &format!("key={key}"),
+            json!({ "n": n }).to_string(),
+        )
+        .await;
+    }
+    let batch = |v: &Value| -> Vec<(u64, String)> {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["payload"]["n"].as_u64().unwrap(),
+                    m["receipt_handle"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    // 0 and 2 go out together; 1 and 3 wait behind 0 (same key).
+    let got = batch(&s.consume("ordered", "subscription=a&max=10").await.unwrap());
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [0, 2]);
+    assert!(s
+        .consume("ordered", "subscription=a&max=10")
+        .await
+        .is_none());
+    assert_eq!(
+        s.ack("ordered", &got[0].1, "").await,
+        StatusCode::NO_CONTENT
+    );
+    let next = batch(&s.consume("ordered", "subscription=a&max=10").await.unwrap());
+    assert_eq!(next.iter().map(|g| g.0).collect::<Vec<_>>(), [1]);
+    // The default subscription orders on its own.
+    let own = s.consume("ordered", "max=10").await.unwrap();
+    assert_eq!(own["messages"].as_array().unwrap().len(), 2, "{own}");
+}

@@ -13,7 +13,6 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::subscription::{Origin, SubscriptionState};
 use crate::partition::Ledger;
-use crate::settings::Ordering;
 use crate::subscription::{Start, SubscriptionInput, SubscriptionRecord};
 use crate::topic::{Topic, TopicRecord};
 
@@ -160,13 +159,6 @@ impl Broker {
             });
         }
         let topic = self.load_topic(name).await?;
-        if topic.settings.ordering == Ordering::Key {
-            return Err(BrokerError::InvalidSetting(
-                crate::settings::InvalidSetting(
-                    "subscriptions are not available on topics with per-key ordering".into(),
-                ),
-            ));
-        }
         let (start, settings) = input.to_new(&topic.settings)?;
         if let Some(existing) = topic.subscription(sub) {
             // Known already: no manifest reads.

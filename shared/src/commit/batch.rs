@@ -224,9 +224,12 @@ impl<'a> BatchCommit<'a> {
                 Decision::Commit(a) | Decision::Keep(a) => a.wants_key,
             };
             let Some(from) = wants else { return };
-            let read = self
-                .committer
-                .read_keys(self.q, &layout, from, &mut self.keys);
+            let read = self.committer.read_keys(
+                (&self.q.topic, self.q.partition),
+                &layout,
+                from,
+                &mut self.keys,
+            );
             if !read.await {
                 return;
             }

@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use super::{answer, lock, Committer, LeaseAnswer};
 use crate::cas::{Cell, Decision, Pure, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
+use crate::partition::lease::Keys;
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, SubscriptionState};
 use crate::partition::{Layout, Manifest, Rules, Settle};
 use crate::subscription::SubscriptionRecord;
@@ -101,10 +102,19 @@ struct LedgerQueue {
 struct QueueState {
     pending: Vec<(LedgerOp, Rules, Answer)>,
     running: bool,
+    /// What the last batch left.
+    known: Known,
+}
+
+/// What a queue knows between batches.
+#[derive(Default)]
+struct Known {
     /// The log as last read, and when.
     log: Option<(Snapshot<Manifest>, Instant)>,
     /// The ledger as last written or read.
     ledger: Option<Snapshot<SubscriptionState>>,
+    /// Message keys read for per-key ordering, at or above the ledger's frontier.
+    keys: Keys,
 }
 
 enum Answer {
@@ -265,7 +275,7 @@ impl Committer {
             if last_batch > 1 && !self.linger.is_zero() {
                 tokio::time::sleep(self.linger).await;
             }
-            let (batch, log, ledger) = {
+            let (batch, known) = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
                     st.running = false;
@@ -273,89 +283,71 @@ impl Committer {
                 }
                 (
                     std::mem::take(&mut st.pending),
-                    st.log.take(),
-                    st.ledger.take(),
+                    std::mem::take(&mut st.known),
                 )
             };
             last_batch = batch.len();
-            let (log, ledger) = self.ledger_batch(&q, batch, log, ledger).await;
-            let mut st = lock(&q.state);
-            st.log = log;
-            st.ledger = ledger;
+            let known = self.ledger_batch(&q, batch, known).await;
+            lock(&q.state).known = known;
         }
     }
 
-    /// One batch: read the log, apply every operation to the ledger in one write, answer
-    /// each. Returns what the next batch may start from.
+    /// One batch: apply every operation to the ledger in one write over the log as known
+    /// (read again when [`needs_log`] says so), and answer each. Returns what the next
+    /// batch may start from.
     async fn ledger_batch(
         &self,
         q: &LedgerQueue,
         batch: Vec<(LedgerOp, Rules, Answer)>,
-        mut log: Option<(Snapshot<Manifest>, Instant)>,
-        mut ledger: Option<Snapshot<SubscriptionState>>,
-    ) -> (
-        Option<(Snapshot<Manifest>, Instant)>,
-        Option<Snapshot<SubscriptionState>>,
-    ) {
-        let store = &*self.store;
+        mut known: Known,
+    ) -> Known {
         let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
-        // The newer of this queue's log and the one this process's own commits left.
-        if let Some(own) = self.cached_manifest(&q.topic, &q.incarnation, q.partition) {
-            if log
-                .as_ref()
-                .is_none_or(|(l, _)| l.value.version < own.value.version)
-            {
-                log = Some((own, Instant::now()));
-            }
-        }
-        let stale = match (&log, &ledger) {
-            (None, _) => true,
-            (Some((l, at)), Some(state)) => {
-                needs_log(&ops, &state.value, (&l.value, *at), self.clock.now_ms())
-            }
-            (Some((_, at)), None) => at.elapsed() > LOG_MAX_AGE || ops.contains(&LedgerOp::Purge),
-        };
-        if stale {
-            let logs = Cell::<Manifest>::new(store, &*self.ids, &q.manifest_key, &q.incarnation);
-            let read = match log.as_mut() {
-                Some((snap, at)) => {
-                    let r = logs.refresh::<BrokerError>(snap).await;
-                    *at = Instant::now();
-                    r.map(|_| ())
-                }
-                None => logs
-                    .read::<BrokerError>()
-                    .await
-                    .map(|s| log = Some((s, Instant::now()))),
-            };
-            if let Err(e) = read {
-                let e = BrokerError::from(e);
-                for (_, _, tx) in batch {
-                    tx.fail(e.clone());
-                }
-                return (None, ledger);
-            }
-        }
-        let Some((log, read_at)) = log else {
-            for (_, _, tx) in batch {
-                tx.fail(BrokerError::Internal("the log was not read".into()));
-            }
-            return (None, ledger);
-        };
         // One rule set per batch: the newest operation's (they differ only across a
         // settings change, which reaches every operation within the topic cache period).
         let rules = batch
             .last()
             .map(|(_, r, _)| *r)
             .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()));
+        let fail = |batch: Vec<(LedgerOp, Rules, Answer)>, e: BrokerError| {
+            for (_, _, tx) in batch {
+                tx.fail(e.clone());
+            }
+        };
+        let cell =
+            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+        if rules.ordered && known.ledger.is_none() {
+            // The key pass below runs on a copy of the ledger: read it first.
+            match cell.read::<BrokerError>().await {
+                Ok(snap) => known.ledger = Some(snap),
+                Err(e) => {
+                    fail(batch, e.into());
+                    return known;
+                }
+            }
+        }
+        if let Err(e) = self.know_log(q, &ops, &mut known).await {
+            fail(batch, e);
+            return Known { log: None, ..known };
+        }
+        // Taken out while the ledger changes beside it; put back below.
+        let Some((log_snap, read_at)) = known.log.take() else {
+            fail(batch, BrokerError::Internal("the log was not read".into()));
+            return known;
+        };
+        let log = &log_snap.value;
+        let layout = Arc::new(log.layout());
         let now = self.clock.now_ms();
-        let cell = Cell::<SubscriptionState>::new(store, &*self.ids, &q.ledger_key, &q.origin);
+        if rules.ordered {
+            self.know_keys(q, (&ops, &rules, now), (log, &layout), &mut known)
+                .await;
+        }
+        let keys = &known.keys;
         let done = cell
             .update_in(
-                &mut ledger,
+                &mut known.ledger,
                 &mut Pure(|s: &mut SubscriptionState| {
                     let before = s.clone();
-                    let out = subscription::apply(s, &log.value, now, &rules, &ops);
+                    let (out, _) = subscription::apply(s, log, now, &rules, (&ops, keys));
                     let changed = s.frontier != before.frontier
                         || s.leases != before.leases
                         || s.acked_ahead != before.acked_ahead
@@ -368,42 +360,104 @@ impl Committer {
                 }),
             )
             .await;
-        match done {
-            Ok(outcomes) => {
-                let layout = Arc::new(Layout {
-                    start_offset: log.value.start_offset,
-                    next_offset: log.value.next_offset,
-                    indexes: log.value.indexes.clone(),
-                    segments: log.value.segments.clone(),
-                });
-                for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
-                    match (tx, out) {
-                        (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
-                            let layout = layout.clone();
-                            drop(tx.send(Ok(LeaseAnswer {
-                                leased,
-                                layout,
-                                shared: false,
-                            })));
-                        }
-                        (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
-                            drop(tx.send(r.map_err(BrokerError::from)));
-                        }
-                        (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
-                        (tx, _) => tx.fail(BrokerError::Internal(
-                            "a ledger operation got another's outcome".into(),
-                        )),
-                    }
-                }
-            }
+        known.log = Some((log_snap, read_at));
+        let outcomes = match done {
+            Ok(outcomes) => outcomes,
             Err(e) => {
-                let e = BrokerError::from(e);
-                for (_, _, tx) in batch {
-                    tx.fail(e.clone());
+                fail(batch, e.into());
+                return known;
+            }
+        };
+        if let Some(state) = &known.ledger {
+            known.keys.forget_below(state.value.frontier);
+        }
+        for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
+            match (tx, out) {
+                (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
+                    let layout = layout.clone();
+                    drop(tx.send(Ok(LeaseAnswer {
+                        leased,
+                        layout,
+                        shared: false,
+                    })));
                 }
+                (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
+                    drop(tx.send(r.map_err(BrokerError::from)));
+                }
+                (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
+                (tx, _) => tx.fail(BrokerError::Internal(
+                    "a ledger operation got another's outcome".into(),
+                )),
             }
         }
-        (Some((log, read_at)), ledger)
+        known
+    }
+
+    /// Makes `known.log` the newest log this process knows (this queue's, or the one its
+    /// own commits left), read again when [`needs_log`] says the batch `ops` needs it.
+    ///
+    /// Errors: the read's.
+    async fn know_log(
+        &self,
+        q: &LedgerQueue,
+        ops: &[LedgerOp],
+        known: &mut Known,
+    ) -> BrokerResult<()> {
+        if let Some(own) = self.cached_manifest(&q.topic, &q.incarnation, q.partition) {
+            if known
+                .log
+                .as_ref()
+                .is_none_or(|(l, _)| l.value.version < own.value.version)
+            {
+                known.log = Some((own, Instant::now()));
+            }
+        }
+        let stale = match (&known.log, &known.ledger) {
+            (None, _) => true,
+            (Some((l, at)), Some(state)) => {
+                needs_log(ops, &state.value, (&l.value, *at), self.clock.now_ms())
+            }
+            (Some((_, at)), None) => at.elapsed() > LOG_MAX_AGE || ops.contains(&LedgerOp::Purge),
+        };
+        if !stale {
+            return Ok(());
+        }
+        let logs = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.manifest_key, &q.incarnation);
+        match known.log.as_mut() {
+            Some((snap, at)) => {
+                logs.refresh::<BrokerError>(snap).await?;
+                *at = Instant::now();
+            }
+            None => known.log = Some((logs.read::<BrokerError>().await?, Instant::now())),
+        }
+        Ok(())
+    }
+
+    /// On a per-key ordered topic: reads into `known.keys` the message keys the lease
+    /// pass of `ops` over `log` needs, running the pure batch on a copy of the ledger and
+    /// reading what it stopped at, up to [`super::ordering::KEY_ROUNDS`] times (what it
+    /// still does not know is not leased this time: never out of order).
+    async fn know_keys(
+        &self,
+        q: &LedgerQueue,
+        (ops, rules, now): (&[LedgerOp], &Rules, u64),
+        (log, layout): (&Manifest, &Layout),
+        known: &mut Known,
+    ) {
+        let Some(state) = &known.ledger else {
+            return;
+        };
+        for _ in 0..super::ordering::KEY_ROUNDS {
+            let mut copy = state.value.clone();
+            let (_, wants) = subscription::apply(&mut copy, log, now, rules, (ops, &known.keys));
+            let Some(from) = wants else {
+                return;
+            };
+            let at = (q.topic.as_str(), q.partition);
+            if !self.read_keys(at, layout, from, &mut known.keys).await {
+                return;
+            }
+        }
     }
 }
 

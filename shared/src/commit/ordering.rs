@@ -27,7 +27,7 @@ impl Committer {
     /// (the offset is not retained, a read failed, or `keys` is as large as a pass needs).
     pub(super) async fn read_keys(
         &self,
-        q: &Queue,
+        (topic, partition): (&str, u32),
         layout: &Layout,
         from: u64,
         keys: &mut Keys,
@@ -36,11 +36,11 @@ impl Committer {
             return false;
         }
         let reader = self.reader();
-        let found = match reader.segment_of(&q.topic, q.partition, layout, from).await {
+        let found = match reader.segment_of(topic, partition, layout, from).await {
             Ok(Some(found)) => found,
             Ok(None) => return false,
             Err(e) => {
-                tracing::warn!(topic = %q.topic, partition = q.partition, error = %e,
+                tracing::warn!(topic, partition, error = %e,
                     "cannot read message keys for per-key ordering");
                 return false;
             }
@@ -61,7 +61,7 @@ impl Committer {
         };
         let mut tasks = tokio::task::JoinSet::new();
         for seg in std::iter::once(first).chain(next) {
-            let key = crate::keys::segment(&q.topic, q.partition, &seg.id);
+            let key = crate::keys::segment(topic, partition, &seg.id);
             let (store, cache) = (self.store.clone(), self.caches.segments.clone());
             tasks.spawn(async move { (seg, fetch_segment(&store, &cache, key).await) });
         }
@@ -83,7 +83,7 @@ impl Committer {
                     added = true;
                 }
                 Err(e) => {
-                    tracing::warn!(topic = %q.topic, partition = q.partition, error = %e,
+                    tracing::warn!(topic, partition, error = %e,
                         "cannot read message keys for per-key ordering");
                 }
             }

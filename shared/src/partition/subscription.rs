@@ -158,15 +158,16 @@ pub enum LedgerOutcome {
 /// Applies one batch of operations to a subscription's state over `log` at `now`: first
 /// what retention removed ([`SubscriptionState::catch_up`]), then every settle in order
 /// (so acks free room for the leases), then purges, then the lease requests in order,
-/// sharing one pass. One outcome per operation, in order. Per-key ordering is not applied here (a
-/// subscription of an ordered topic is refused at creation).
+/// sharing one pass. One outcome per operation, in order; beside them, on a per-key ordered
+/// topic, the first offset whose key the pass needed and `keys` did not hold
+/// ([`Cursor::wants_key`]: the caller reads it and applies again).
 pub fn apply(
     state: &mut SubscriptionState,
     log: &Manifest,
     now: u64,
     rules: &Rules,
-    ops: &[LedgerOp],
-) -> Vec<LedgerOutcome> {
+    (ops, keys): (&[LedgerOp], &Keys),
+) -> (Vec<LedgerOutcome>, Option<u64>) {
     state.catch_up(log);
     let mut out: Vec<Option<LedgerOutcome>> = vec![None; ops.len()];
     let mut view = state.over(log);
@@ -187,17 +188,18 @@ pub fn apply(
         }
     }
     let mut view = state.over(log);
-    let mut cursor = Cursor::new(&view, now, false);
-    let keys = Keys::default();
+    let mut cursor = Cursor::new(&view, now, rules.ordered);
     for (i, op) in ops.iter().enumerate() {
         if let LedgerOp::Lease { max, max_bytes } = *op {
-            let got = lease::lease(&mut view, now, rules, (max, max_bytes), &mut cursor, &keys);
+            let got = lease::lease(&mut view, now, rules, (max, max_bytes), &mut cursor, keys);
             out[i] = Some(LedgerOutcome::Leased(got));
         }
     }
-    out.into_iter()
+    let outcomes = out
+        .into_iter()
         .map(|o| o.unwrap_or(LedgerOutcome::Settled(Err(Refused::LeaseGone))))
-        .collect()
+        .collect();
+    (outcomes, cursor.wants_key)
 }
 
 /// A subscription's state read together with the partition's log.
@@ -369,7 +371,7 @@ mod tests {
             max: 2,
             max_bytes: u64::MAX,
         };
-        let got = apply(&mut s, &log, 10, &r, &[lease2]);
+        let got = apply(&mut s, &log, 10, &r, (&[lease2], &Keys::default())).0;
         assert!(matches!(&got[0], LedgerOutcome::Leased(l) if l.grants.len() == 2));
         s.version = 2;
         let ack = |offset| LedgerOp::Settle {
@@ -378,7 +380,14 @@ mod tests {
             action: Settle::Ack,
         };
         // The lease comes first, yet the acks before it free its room.
-        let got = apply(&mut s, &log, 10, &r, &[lease2, ack(0), ack(9)]);
+        let got = apply(
+            &mut s,
+            &log,
+            10,
+            &r,
+            (&[lease2, ack(0), ack(9)], &Keys::default()),
+        )
+        .0;
         match &got[0] {
             LedgerOutcome::Leased(l) => {
                 assert_eq!(l.grants.iter().map(|g| g.offset).collect::<Vec<_>>(), [2])
@@ -399,10 +408,17 @@ mod tests {
             max: 2,
             max_bytes: u64::MAX,
         };
-        apply(&mut s, &log, 10, &rules(), &[lease2]);
+        apply(&mut s, &log, 10, &rules(), (&[lease2], &Keys::default()));
         s.acked_ahead.insert(4);
         s.version = 4;
-        let got = apply(&mut s, &log, 10, &rules(), &[LedgerOp::Purge, lease2]);
+        let got = apply(
+            &mut s,
+            &log,
+            10,
+            &rules(),
+            (&[LedgerOp::Purge, lease2], &Keys::default()),
+        )
+        .0;
         // 1..6 were unsettled but for 4 (acked): four settled; nothing left to lease.
         assert_eq!(got[0], LedgerOutcome::Purged(4));
         assert_eq!(got[1], LedgerOutcome::Leased(Leased::default()));
@@ -414,7 +430,7 @@ mod tests {
             action: Settle::Ack,
         };
         assert_eq!(
-            apply(&mut s, &log, 10, &rules(), &[ack])[0],
+            apply(&mut s, &log, 10, &rules(), (&[ack], &Keys::default())).0[0],
             LedgerOutcome::Settled(Err(Refused::LeaseGone)),
             "a handle of before the purge is gone"
         );
