@@ -71,6 +71,15 @@ fn needs_log(
     true
 }
 
+/// One rule set per batch: the newest operation's (they differ only across a settings
+/// change, which reaches every operation within the topic cache period).
+fn batch_rules(batch: &[(LedgerOp, Rules, Answer)]) -> Rules {
+    batch
+        .last()
+        .map(|(_, r, _)| *r)
+        .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()))
+}
+
 /// The ledgers' queues of one process.
 #[derive(Default)]
 pub(super) struct Ledgers {
@@ -124,6 +133,28 @@ enum Answer {
 }
 
 impl Answer {
+    /// Sends the caller what its operation got (leases with the layout they were granted
+    /// over).
+    fn answer(self, out: LedgerOutcome, layout: &Arc<Layout>) {
+        match (self, out) {
+            (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
+                let layout = layout.clone();
+                drop(tx.send(Ok(LeaseAnswer {
+                    leased,
+                    layout,
+                    shared: false,
+                })));
+            }
+            (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
+                drop(tx.send(r.map_err(BrokerError::from)));
+            }
+            (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
+            (tx, _) => tx.fail(BrokerError::Internal(
+                "a ledger operation got another's outcome".into(),
+            )),
+        }
+    }
+
     fn fail(self, e: BrokerError) {
         match self {
             Answer::Lease(tx) => drop(tx.send(Err(e))),
@@ -302,12 +333,7 @@ impl Committer {
         mut known: Known,
     ) -> Known {
         let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
-        // One rule set per batch: the newest operation's (they differ only across a
-        // settings change, which reaches every operation within the topic cache period).
-        let rules = batch
-            .last()
-            .map(|(_, r, _)| *r)
-            .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()));
+        let rules = batch_rules(&batch);
         let fail = |batch: Vec<(LedgerOp, Rules, Answer)>, e: BrokerError| {
             for (_, _, tx) in batch {
                 tx.fail(e.clone());
@@ -372,23 +398,7 @@ impl Committer {
             known.keys.forget_below(state.value.frontier);
         }
         for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
-            match (tx, out) {
-                (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
-                    let layout = layout.clone();
-                    drop(tx.send(Ok(LeaseAnswer {
-                        leased,
-                        layout,
-                        shared: false,
-                    })));
-                }
-                (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
-                    drop(tx.send(r.map_err(BrokerError::from)));
-                }
-                (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
-                (tx, _) => tx.fail(BrokerError::Internal(
-                    "a ledger operation got another's outcome".into(),
-                )),
-            }
+            tx.answer(out, &layout);
         }
         known
     }
