@@ -354,3 +354,40 @@ async fn a_subscription_of_an_ordered_topic_keeps_each_keys_order() {
     let own = s.consume("ordered", "max=10").await.unwrap();
     assert_eq!(own["messages"].as_array().unwrap().len(), 2, "{own}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_through_a_process_that_has_not_seen_the_message_yet_holds() {
+    let s = Server::start().await;
+    let other = Server::start_on(
+        s.store.clone(),
+        None,
+        narad_tests::Options::default(),
+        s.clock.clone(),
+    )
+    .await;
+    s.create_topic("seen", json!({})).await;
+    put_sub(&s, "seen", "a", json!({})).await;
+    s.produce("seen", json!({ "n": 0 }).to_string()).await;
+    // This process's ledger of `a` now knows a log of one message.
+    assert_eq!(drain(&s, "seen", "a").await, vec![0]);
+    // Another process appends one; this one cancels it for `a` before it saw it.
+    let (_, offset) = other
+        .produce_q("seen", "delay=1h", json!({ "n": 1 }).to_string())
+        .await;
+    let (status, v) = cancel(&s, "seen", 0, offset, "subscription=a").await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    let r = s
+        .req(Method::GET, "/v1/topics/seen/subscriptions/a")
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            &v["partitions"][0]["frontier"],
+            &v["partitions"][0]["delayed"]
+        ),
+        (&json!(2), &json!(0)),
+        "the cancel settled it for a: {v}"
+    );
+}

@@ -311,7 +311,7 @@ async fn a_newer_receipt_key_or_handle_is_upgrade_required() {
     s.create_topic("h", json!({})).await;
     s.produce("h", "m").await;
     // A handle a newer build signed, in a newer handle version.
-    assert_upgrade_required(s.ack_raw("h", "v2.e30.AAAA", "").await, "ack").await;
+    assert_upgrade_required(s.ack_raw("h", "v3.e30.AAAA", "").await, "ack").await;
     // The generated receipt key in a newer format: a process on it serves nothing.
     let key = narad_shared::keys::RECEIPT_KEY;
     // Test servers are configured with keys: generate the shared one as a process without.

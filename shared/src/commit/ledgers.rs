@@ -35,17 +35,28 @@ use crate::topic::Topic;
 /// the known ones run out; this bounds how long retention and compaction go unseen).
 pub const LOG_MAX_AGE: Duration = Duration::from_secs(5);
 
-/// Whether a batch must read the log before applying `ops` to `state` over `log` (read at
-/// `read_at`) at `now_ms`: never for settles alone; for a lease request, when the log is
-/// older than [`LOG_MAX_AGE`] or offers nothing available to this ledger.
+/// Whether a batch must read the log before applying `ops` to `state` (`None`: not read
+/// yet) over `log` (read at `read_at`) at `now_ms`: for a purge, always (it settles what the
+/// log holds now); for a cancel of an offset the log does not hold yet; for a lease
+/// request, when the log is older than [`LOG_MAX_AGE`] or offers nothing available to this
+/// ledger; never for acks, extends and nacks (their leases were granted over a log that
+/// held their offsets).
 fn needs_log(
     ops: &[LedgerOp],
-    state: &SubscriptionState,
+    state: Option<&SubscriptionState>,
     (log, read_at): (&Manifest, Instant),
     now_ms: u64,
 ) -> bool {
-    if ops.contains(&LedgerOp::Purge) {
-        // A purge settles what the log holds now.
+    let beyond = |op: &LedgerOp| match *op {
+        LedgerOp::Purge => true,
+        LedgerOp::Settle {
+            offset,
+            action: Settle::Cancel,
+            ..
+        } => offset >= log.next_offset,
+        _ => false,
+    };
+    if ops.iter().any(beyond) {
         return true;
     }
     if !ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. })) {
@@ -54,6 +65,9 @@ fn needs_log(
     if read_at.elapsed() > LOG_MAX_AGE {
         return true;
     }
+    let Some(state) = state else {
+        return false;
+    };
     // Bounded by the ledger's leases and acks ahead (flow control), plus one step per
     // delayed run.
     let mut o = state.frontier.max(log.start_offset);
@@ -422,12 +436,12 @@ impl Committer {
                 known.log = Some((own, Instant::now()));
             }
         }
-        let stale = match (&known.log, &known.ledger) {
-            (None, _) => true,
-            (Some((l, at)), Some(state)) => {
-                needs_log(ops, &state.value, (&l.value, *at), self.clock.now_ms())
+        let stale = match &known.log {
+            None => true,
+            Some((l, at)) => {
+                let state = known.ledger.as_ref().map(|s| &s.value);
+                needs_log(ops, state, (&l.value, *at), self.clock.now_ms())
             }
-            (Some((_, at)), None) => at.elapsed() > LOG_MAX_AGE || ops.contains(&LedgerOp::Purge),
         };
         if !stale {
             return Ok(());
@@ -499,11 +513,11 @@ mod tests {
             action: Settle::Ack,
         };
         assert!(
-            !needs_log(&[ack], &state(3), (&log, fresh), 0),
+            !needs_log(&[ack], Some(&state(3)), (&log, fresh), 0),
             "settles alone"
         );
-        assert!(!needs_log(&[LEASE], &state(0), (&log, fresh), 0));
-        assert!(needs_log(&[ack, LEASE], &state(3), (&log, fresh), 0));
+        assert!(!needs_log(&[LEASE], Some(&state(0)), (&log, fresh), 0));
+        assert!(needs_log(&[ack, LEASE], Some(&state(3)), (&log, fresh), 0));
         // Everything leased, acked ahead or delayed: nothing to lease in this log.
         let mut s = state(0);
         s.leases.insert(
@@ -518,9 +532,19 @@ mod tests {
         s.acked_ahead.insert(1);
         let mut delayed = log.clone();
         delayed.delay(2, 3, 500);
-        assert!(needs_log(&[LEASE], &s, (&delayed, fresh), 50));
+        assert!(needs_log(&[LEASE], Some(&s), (&delayed, fresh), 50));
         // A lease lapses, a delay ends: available again without a read.
-        assert!(!needs_log(&[LEASE], &s, (&delayed, fresh), 100));
-        assert!(!needs_log(&[LEASE], &s, (&log, fresh), 50));
+        assert!(!needs_log(&[LEASE], Some(&s), (&delayed, fresh), 100));
+        assert!(!needs_log(&[LEASE], Some(&s), (&log, fresh), 50));
+        // A cancel of an offset this log does not hold yet, and a purge: always read.
+        let cancel = |offset| LedgerOp::Settle {
+            offset,
+            lease_id: 0,
+            action: Settle::Cancel,
+        };
+        assert!(!needs_log(&[cancel(2)], Some(&s), (&log, fresh), 50));
+        assert!(needs_log(&[cancel(3)], Some(&s), (&log, fresh), 50));
+        assert!(needs_log(&[cancel(3)], None, (&log, fresh), 50));
+        assert!(needs_log(&[LedgerOp::Purge], None, (&log, fresh), 50));
     }
 }
