@@ -391,3 +391,25 @@ async fn a_cancel_through_a_process_that_has_not_seen_the_message_yet_holds() {
         "the cancel settled it for a: {v}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_created_through_another_process_is_found_at_once() {
+    let s = Server::start().await;
+    let other = Server::start_on(
+        s.store.clone(),
+        None,
+        narad_tests::Options::default(),
+        s.clock.clone(),
+    )
+    .await;
+    s.create_topic("elsewhere", json!({})).await;
+    s.produce("elsewhere", json!({ "n": 0 }).to_string()).await;
+    // The other process caches the topic as it is now, without subscriptions.
+    assert!(other.consume("elsewhere", "").await.is_some());
+    put_sub(&s, "elsewhere", "late", json!({"start": "earliest"})).await;
+    let m = other.consume("elsewhere", "subscription=late").await;
+    assert_eq!(m.unwrap()["payload"]["n"], 0);
+    // A name neither process knows is still 404.
+    let r = other.consume_raw("elsewhere", "subscription=never").await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}

@@ -31,7 +31,9 @@ impl<'a> Group<'a> {
     /// The group `name` names on `topic` (`None`: the default one).
     ///
     /// Errors: [`BrokerError::InvalidSetting`] for an invalid name,
-    /// [`BrokerError::SubscriptionNotFound`].
+    /// [`BrokerError::SubscriptionNotFound`]; [`BrokerError::StaleTopic`] when a topic
+    /// from this process's cache does not have it (another process may have just created
+    /// it: the caller reads the topic again).
     pub fn of(topic: &'a Topic, name: Option<&'a str>) -> BrokerResult<Self> {
         let Some(name) = name else {
             return Ok(Group::Default);
@@ -39,6 +41,7 @@ impl<'a> Group<'a> {
         validate_name(name)?;
         match topic.subscriptions.get_key_value(name) {
             Some((n, rec)) => Ok(Group::Named(n, rec)),
+            None if topic.from_cache => Err(BrokerError::StaleTopic),
             None => Err(BrokerError::SubscriptionNotFound),
         }
     }
