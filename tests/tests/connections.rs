@@ -244,7 +244,12 @@ async fn bodies_over_the_process_budget_get_503_until_it_frees() {
     drop(hog);
     let mut status = StatusCode::SERVICE_UNAVAILABLE;
     for _ in 0..50 {
-        status = produce().await.unwrap().status();
+        // While the budget is still taken the server answers 503 before reading the body
+        // and may close the connection while the client still sends it: the client then
+        // sees the connection end instead of the 503. Either way, not yet.
+        if let Ok(r) = produce().await {
+            status = r.status();
+        }
         if status == StatusCode::CREATED {
             break;
         }
