@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio::sync::oneshot;
 
 use super::{answer, lock, Committer, LeaseAnswer};
-use crate::cas::{Cell, Decision, Pure, Snapshot};
+use crate::cas::{Cell, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::lease::Keys;
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, SubscriptionState};
@@ -92,6 +92,65 @@ fn batch_rules(batch: &[(LedgerOp, Rules, Answer)]) -> Rules {
         .last()
         .map(|(_, r, _)| *r)
         .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()))
+}
+
+/// One batch's change of a ledger. Its first attempt runs over the log the batch chose; a
+/// retry (another process changed the ledger meanwhile) first reads the log again when
+/// the fresh ledger finds nothing to lease in it ([`needs_log`]): leases others took must
+/// not make a consume come back empty while newer messages wait.
+struct LedgerChange<'a> {
+    logs: Cell<'a, Manifest>,
+    log: &'a mut (Snapshot<Manifest>, Instant),
+    ops: &'a [LedgerOp],
+    rules: Rules,
+    now: u64,
+    keys: &'a Keys,
+    first: bool,
+}
+
+impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
+    type Output = Vec<LedgerOutcome>;
+    type Error = BrokerError;
+
+    fn prepare(
+        &mut self,
+        snap: &Snapshot<SubscriptionState>,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        let retry = !std::mem::replace(&mut self.first, false);
+        let stale = retry
+            && needs_log(
+                self.ops,
+                Some(&snap.value),
+                (&self.log.0.value, self.log.1),
+                self.now,
+            );
+        async move {
+            if stale
+                && self
+                    .logs
+                    .refresh::<BrokerError>(&mut self.log.0)
+                    .await
+                    .is_ok()
+            {
+                self.log.1 = Instant::now();
+            }
+        }
+    }
+
+    fn apply(
+        &mut self,
+        s: &mut SubscriptionState,
+    ) -> Result<Decision<Vec<LedgerOutcome>>, BrokerError> {
+        let before = (s.frontier, s.leases.clone(), s.acked_ahead.clone(), s.lost);
+        let log = &self.log.0.value;
+        let (out, _) = subscription::apply(s, log, self.now, &self.rules, (self.ops, self.keys));
+        let after = (s.frontier, s.leases.clone(), s.acked_ahead.clone(), s.lost);
+        Ok(if after != before {
+            Decision::Commit(out)
+        } else {
+            Decision::Keep(out)
+        })
+    }
 }
 
 /// The ledgers' queues of one process.
@@ -381,26 +440,20 @@ impl Committer {
             self.know_keys(q, (&ops, &rules, now), (log, &layout), &mut known)
                 .await;
         }
-        let keys = &known.keys;
-        let done = cell
-            .update_in(
-                &mut known.ledger,
-                &mut Pure(|s: &mut SubscriptionState| {
-                    let before = s.clone();
-                    let (out, _) = subscription::apply(s, log, now, &rules, (&ops, keys));
-                    let changed = s.frontier != before.frontier
-                        || s.leases != before.leases
-                        || s.acked_ahead != before.acked_ahead
-                        || s.lost != before.lost;
-                    Ok::<_, BrokerError>(if changed {
-                        Decision::Commit(out)
-                    } else {
-                        Decision::Keep(out)
-                    })
-                }),
-            )
-            .await;
-        known.log = Some((log_snap, read_at));
+        let mut known_log = (log_snap, read_at);
+        let mut change = LedgerChange {
+            logs: Cell::new(&*self.store, &*self.ids, &q.manifest_key, &q.incarnation),
+            log: &mut known_log,
+            ops: &ops,
+            rules,
+            now,
+            keys: &known.keys,
+            first: true,
+        };
+        let done = cell.update_in(&mut known.ledger, &mut change).await;
+        // The layout of the log the commit used (a retry may have read it again).
+        let layout = Arc::new(known_log.0.value.layout());
+        known.log = Some(known_log);
         let outcomes = match done {
             Ok(outcomes) => outcomes,
             Err(e) => {
