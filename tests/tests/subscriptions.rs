@@ -413,3 +413,26 @@ async fn a_subscription_created_through_another_process_is_found_at_once() {
     let r = other.consume_raw("elsewhere", "subscription=never").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_knows_an_old_log_but_no_ledger_still_finds_newer_messages() {
+    let s = Server::start().await;
+    let other = Server::start_on(
+        s.store.clone(),
+        None,
+        narad_tests::Options::default(),
+        s.clock.clone(),
+    )
+    .await;
+    s.create_topic("older", json!({})).await;
+    // `other` knows the log as its own produce left it: one message.
+    other.produce("older", json!({ "n": 0 }).to_string()).await;
+    put_sub(&s, "older", "late", json!({})).await;
+    for n in 1..3 {
+        s.produce("older", json!({ "n": n }).to_string()).await;
+    }
+    // Its first consume of `late` reads a ledger it never knew, which finds nothing in
+    // the log it knows: it must read the log again rather than answer empty (the Lambda
+    // step's separate instances found this).
+    assert_eq!(drain(&other, "older", "late").await, vec![1, 2]);
+}

@@ -28,6 +28,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::partition::lease::Keys;
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, SubscriptionState};
 use crate::partition::{Layout, Manifest, Rules, Settle};
+use crate::store::ETag;
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
 
@@ -94,10 +95,11 @@ fn batch_rules(batch: &[(LedgerOp, Rules, Answer)]) -> Rules {
         .unwrap_or_else(|| Rules::from(&crate::settings::TopicSettings::default()))
 }
 
-/// One batch's change of a ledger. Its first attempt runs over the log the batch chose; a
-/// retry (another process changed the ledger meanwhile) first reads the log again when
-/// the fresh ledger finds nothing to lease in it ([`needs_log`]): leases others took must
-/// not make a consume come back empty while newer messages wait.
+/// One batch's change of a ledger. Every ledger it is applied to that the log was not
+/// already checked against (the ledger read because this process knew none, or read
+/// again because another process changed it) first reads the log again when that ledger
+/// finds nothing to lease in it ([`needs_log`]): leases and acks of other processes must
+/// never make a consume come back empty while newer messages wait.
 struct LedgerChange<'a> {
     logs: Cell<'a, Manifest>,
     log: &'a mut (Snapshot<Manifest>, Instant),
@@ -105,7 +107,8 @@ struct LedgerChange<'a> {
     rules: Rules,
     now: u64,
     keys: &'a Keys,
-    first: bool,
+    /// The ledger (its ETag) the log was last checked against; `None` before any.
+    checked: Option<Option<ETag>>,
 }
 
 impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
@@ -116,8 +119,9 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
         &mut self,
         snap: &Snapshot<SubscriptionState>,
     ) -> impl std::future::Future<Output = ()> + Send {
-        let retry = !std::mem::replace(&mut self.first, false);
-        let stale = retry
+        let unchecked = self.checked.as_ref() != Some(&snap.etag);
+        self.checked = Some(snap.etag.clone());
+        let stale = unchecked
             && needs_log(
                 self.ops,
                 Some(&snap.value),
@@ -448,7 +452,8 @@ impl Committer {
             rules,
             now,
             keys: &known.keys,
-            first: true,
+            // `know_log` checked the log against the ledger this process knew.
+            checked: known.ledger.as_ref().map(|l| l.etag.clone()),
         };
         let done = cell.update_in(&mut known.ledger, &mut change).await;
         // The layout of the log the commit used (a retry may have read it again).
