@@ -118,6 +118,20 @@ pub struct SettingsInput {
     pub ordering: Option<Ordering>,
 }
 
+/// Parses the JSON body of a create or change of `what`; an empty body means "all
+/// defaults".
+///
+/// Errors: [`InvalidSetting`] for malformed JSON, unknown fields or wrong types.
+pub(crate) fn parse_input<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, InvalidSetting> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| InvalidSetting(format!("invalid {what}: {e}")))
+}
+
 /// A setting out of range, or an attempt to change a fixed one.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -128,10 +142,7 @@ impl SettingsInput {
     ///
     /// Errors: [`InvalidSetting`] for malformed JSON, unknown fields or wrong types.
     pub fn parse(body: &[u8]) -> Result<Self, InvalidSetting> {
-        if body.iter().all(|b| b.is_ascii_whitespace()) {
-            return Ok(Self::default());
-        }
-        serde_json::from_slice(body).map_err(|e| InvalidSetting(format!("invalid settings: {e}")))
+        parse_input(body, "settings")
     }
 
     /// The settings of a new topic: defaults overlaid with this input, validated.

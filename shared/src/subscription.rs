@@ -142,11 +142,7 @@ impl SubscriptionInput {
     ///
     /// Errors: [`InvalidSetting`] for malformed JSON, unknown fields or wrong types.
     pub fn parse(body: &[u8]) -> Result<Self, InvalidSetting> {
-        if body.iter().all(|b| b.is_ascii_whitespace()) {
-            return Ok(Self::default());
-        }
-        serde_json::from_slice(body)
-            .map_err(|e| InvalidSetting(format!("invalid subscription settings: {e}")))
+        crate::settings::parse_input(body, "subscription settings")
     }
 
     /// The start and settings of a new subscription on a topic with settings `topic`.

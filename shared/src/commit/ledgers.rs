@@ -37,53 +37,18 @@ use crate::topic::Topic;
 pub const LOG_MAX_AGE: Duration = Duration::from_secs(5);
 
 /// Whether a batch must read the log before applying `ops` to `state` (`None`: not read
-/// yet) over `log` (read at `read_at`) at `now_ms`: for a purge, always (it settles what the
-/// log holds now); for a cancel of an offset the log does not hold yet; for a lease
-/// request, when the log is older than [`LOG_MAX_AGE`] or offers nothing available to this
-/// ledger; never for acks, extends and nacks (their leases were granted over a log that
-/// held their offsets).
+/// yet) over `log` (read at `read_at`) at `now_ms`: when
+/// [`subscription::needs_newer_log`] says so, or a lease request would run over a log
+/// older than [`LOG_MAX_AGE`].
 fn needs_log(
     ops: &[LedgerOp],
     state: Option<&SubscriptionState>,
     (log, read_at): (&Manifest, Instant),
     now_ms: u64,
 ) -> bool {
-    let beyond = |op: &LedgerOp| match *op {
-        LedgerOp::Purge => true,
-        LedgerOp::Settle {
-            offset,
-            action: Settle::Cancel,
-            ..
-        } => offset >= log.next_offset,
-        _ => false,
-    };
-    if ops.iter().any(beyond) {
-        return true;
-    }
-    if !ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. })) {
-        return false;
-    }
-    if read_at.elapsed() > LOG_MAX_AGE {
-        return true;
-    }
-    let Some(state) = state else {
-        return false;
-    };
-    // Bounded by the ledger's leases and acks ahead (flow control), plus one step per
-    // delayed run.
-    let mut o = state.frontier.max(log.start_offset);
-    while o < log.next_offset {
-        if let Some(d) = log.delayed_run(o, now_ms) {
-            o = d.to;
-            continue;
-        }
-        let leased = state.leases.get(&o).is_some_and(|l| l.deadline_ms > now_ms);
-        if !leased && !state.acked_ahead.contains(&o) {
-            return false;
-        }
-        o += 1;
-    }
-    true
+    let leases = ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. }));
+    (leases && read_at.elapsed() > LOG_MAX_AGE)
+        || subscription::needs_newer_log(ops, state, log, now_ms)
 }
 
 /// One rule set per batch: the newest operation's (they differ only across a settings
@@ -547,7 +512,6 @@ impl Committer {
 mod tests {
     use super::*;
     use crate::partition::testing::manifest_with;
-    use crate::partition::Lease;
 
     fn state(frontier: u64) -> SubscriptionState {
         SubscriptionState::new(&Origin {
@@ -562,47 +526,22 @@ mod tests {
     };
 
     #[test]
-    fn the_log_is_read_again_only_when_a_lease_finds_nothing_in_it() {
+    fn an_old_log_is_read_again_for_a_lease_never_for_settles() {
         let log = manifest_with(3);
-        let fresh = Instant::now();
+        let old = Instant::now() - LOG_MAX_AGE - Duration::from_secs(1);
         let ack = LedgerOp::Settle {
             offset: 0,
             lease_id: 1,
             action: Settle::Ack,
         };
-        assert!(
-            !needs_log(&[ack], Some(&state(3)), (&log, fresh), 0),
-            "settles alone"
-        );
-        assert!(!needs_log(&[LEASE], Some(&state(0)), (&log, fresh), 0));
-        assert!(needs_log(&[ack, LEASE], Some(&state(3)), (&log, fresh), 0));
-        // Everything leased, acked ahead or delayed: nothing to lease in this log.
-        let mut s = state(0);
-        s.leases.insert(
-            0,
-            Lease {
-                lease_id: 1,
-                deadline_ms: 100,
-                delivery_count: 1,
-                key_hash: None,
-            },
-        );
-        s.acked_ahead.insert(1);
-        let mut delayed = log.clone();
-        delayed.delay(2, 3, 500);
-        assert!(needs_log(&[LEASE], Some(&s), (&delayed, fresh), 50));
-        // A lease lapses, a delay ends: available again without a read.
-        assert!(!needs_log(&[LEASE], Some(&s), (&delayed, fresh), 100));
-        assert!(!needs_log(&[LEASE], Some(&s), (&log, fresh), 50));
-        // A cancel of an offset this log does not hold yet, and a purge: always read.
-        let cancel = |offset| LedgerOp::Settle {
-            offset,
-            lease_id: 0,
-            action: Settle::Cancel,
-        };
-        assert!(!needs_log(&[cancel(2)], Some(&s), (&log, fresh), 50));
-        assert!(needs_log(&[cancel(3)], Some(&s), (&log, fresh), 50));
-        assert!(needs_log(&[cancel(3)], None, (&log, fresh), 50));
-        assert!(needs_log(&[LedgerOp::Purge], None, (&log, fresh), 50));
+        // The ledger has 0..3 to lease: only the age makes the lease read.
+        assert!(needs_log(&[LEASE], Some(&state(0)), (&log, old), 0));
+        assert!(!needs_log(
+            &[LEASE],
+            Some(&state(0)),
+            (&log, Instant::now()),
+            0
+        ));
+        assert!(!needs_log(&[ack], Some(&state(0)), (&log, old), 0));
     }
 }

@@ -155,6 +155,53 @@ pub enum LedgerOutcome {
     Purged(u64),
 }
 
+/// Whether the batch `ops` needs a newer log than `log` before it is applied to `state`
+/// (`None`: not read yet) at `now`: for a purge, always (it settles what the log holds
+/// now); for a cancel of an offset `log` does not hold yet; for a lease request, when
+/// `log` offers nothing available to `state` (a log only grows: an older one offers fewer
+/// messages, never wrong ones); never for acks, extends and nacks (their leases were
+/// granted over a log that held their offsets).
+pub fn needs_newer_log(
+    ops: &[LedgerOp],
+    state: Option<&SubscriptionState>,
+    log: &Manifest,
+    now: u64,
+) -> bool {
+    let beyond = |op: &LedgerOp| match *op {
+        LedgerOp::Purge => true,
+        LedgerOp::Settle {
+            offset,
+            action: Settle::Cancel,
+            ..
+        } => offset >= log.next_offset,
+        _ => false,
+    };
+    if ops.iter().any(beyond) {
+        return true;
+    }
+    let Some(state) = state else {
+        return false;
+    };
+    if !ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. })) {
+        return false;
+    }
+    // Bounded by the ledger's leases and acks ahead (flow control), plus one step per
+    // delayed run.
+    let mut o = state.frontier.max(log.start_offset);
+    while o < log.next_offset {
+        if let Some(d) = log.delayed_run(o, now) {
+            o = d.to;
+            continue;
+        }
+        let leased = state.leases.get(&o).is_some_and(|l| l.deadline_ms > now);
+        if !leased && !state.acked_ahead.contains(&o) {
+            return false;
+        }
+        o += 1;
+    }
+    true
+}
+
 /// Applies one batch of operations to a subscription's state over `log` at `now`: first
 /// what retention removed ([`SubscriptionState::catch_up`]), then every settle in order
 /// (so acks free room for the leases), then purges, then the lease requests in order,
@@ -494,5 +541,58 @@ mod tests {
             SubscriptionState::decode(b"{}", &origin("a", 0)),
             Err(Invalid::Corrupt(_))
         ));
+    }
+
+    #[test]
+    fn a_newer_log_is_needed_only_when_a_lease_finds_nothing_in_this_one() {
+        let log = manifest_with(3);
+        let lease_one = LedgerOp::Lease {
+            max: 1,
+            max_bytes: u64::MAX,
+        };
+        let ack = LedgerOp::Settle {
+            offset: 0,
+            lease_id: 1,
+            action: Settle::Ack,
+        };
+        let at = |frontier| SubscriptionState::new(&origin("s", frontier));
+        assert!(
+            !needs_newer_log(&[ack], Some(&at(3)), &log, 0),
+            "settles alone"
+        );
+        assert!(!needs_newer_log(&[lease_one], Some(&at(0)), &log, 0));
+        assert!(needs_newer_log(&[ack, lease_one], Some(&at(3)), &log, 0));
+        assert!(
+            !needs_newer_log(&[lease_one], None, &log, 0),
+            "no ledger yet"
+        );
+        // Everything leased, acked ahead or delayed: nothing to lease in this log.
+        let mut s = at(0);
+        s.leases.insert(
+            0,
+            Lease {
+                lease_id: 1,
+                deadline_ms: 100,
+                delivery_count: 1,
+                key_hash: None,
+            },
+        );
+        s.acked_ahead.insert(1);
+        let mut delayed = log.clone();
+        delayed.delay(2, 3, 500);
+        assert!(needs_newer_log(&[lease_one], Some(&s), &delayed, 50));
+        // A lease lapses, a delay ends: available again without a read.
+        assert!(!needs_newer_log(&[lease_one], Some(&s), &delayed, 100));
+        assert!(!needs_newer_log(&[lease_one], Some(&s), &log, 50));
+        // A cancel of an offset this log does not hold yet, and a purge: always.
+        let cancel = |offset| LedgerOp::Settle {
+            offset,
+            lease_id: 0,
+            action: Settle::Cancel,
+        };
+        assert!(!needs_newer_log(&[cancel(2)], Some(&s), &log, 50));
+        assert!(needs_newer_log(&[cancel(3)], Some(&s), &log, 50));
+        assert!(needs_newer_log(&[cancel(3)], None, &log, 50));
+        assert!(needs_newer_log(&[LedgerOp::Purge], None, &log, 50));
     }
 }

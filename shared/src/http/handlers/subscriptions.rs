@@ -30,14 +30,6 @@ fn names(path: SubPath) -> Result<(String, String), ApiError> {
     })
 }
 
-/// A subscription's dead-letter topic must be within the caller's admin grants too.
-fn allow_dead_letter(caller: &Caller, input: &SubscriptionInput) -> Result<(), ApiError> {
-    match input.dead_letter_topic.as_deref() {
-        Some(dlq) if !dlq.is_empty() => allow(caller, Action::Admin, dlq),
-        _ => Ok(()),
-    }
-}
-
 async fn read_input(headers: &HeaderMap, body: Body) -> Result<SubscriptionInput, ApiError> {
     let body = read_body(headers, body, MAX_SETTINGS_BODY).await?;
     Ok(SubscriptionInput::parse(&body).map_err(BrokerError::from)?)
@@ -55,7 +47,7 @@ pub(in crate::http) async fn create(
     let (name, sub) = names(path)?;
     allow(&caller, Action::Admin, &name)?;
     let input = read_input(&headers, body).await?;
-    allow_dead_letter(&caller, &input)?;
+    super::topics::allow_dead_letter(&caller, input.dead_letter_topic.as_deref())?;
     let (created, topic) = s.broker.create_subscription(&name, &sub, &input).await?;
     let view = SubscriptionView::of(&topic, &sub).ok_or(BrokerError::SubscriptionNotFound)?;
     let status = if created {
@@ -110,7 +102,7 @@ pub(in crate::http) async fn patch(
     let (name, sub) = names(path)?;
     allow(&caller, Action::Admin, &name)?;
     let input = read_input(&headers, body).await?;
-    allow_dead_letter(&caller, &input)?;
+    super::topics::allow_dead_letter(&caller, input.dead_letter_topic.as_deref())?;
     let topic = s.broker.patch_subscription(&name, &sub, &input).await?;
     let view = SubscriptionView::of(&topic, &sub).ok_or(BrokerError::SubscriptionNotFound)?;
     Ok(Json(view).into_response())

@@ -49,8 +49,12 @@ pub(in crate::http) async fn list(
 
 /// A dead-letter topic must be within the caller's admin grants too: otherwise a user
 /// could send their messages into another user's topic.
-fn allow_dead_letter(caller: &Caller, input: &SettingsInput) -> Result<(), ApiError> {
-    match input.dead_letter_topic.as_deref() {
+/// Used by subscriptions' too.
+pub(super) fn allow_dead_letter(
+    caller: &Caller,
+    dead_letter_topic: Option<&str>,
+) -> Result<(), ApiError> {
+    match dead_letter_topic {
         Some(dlq) if !dlq.is_empty() => allow(caller, Action::Admin, dlq),
         _ => Ok(()),
     }
@@ -74,7 +78,7 @@ pub(in crate::http) async fn create(
     let name = topic_name(path)?;
     allow(&caller, Action::Admin, &name)?;
     let input = read_settings(&headers, body).await?;
-    allow_dead_letter(&caller, &input)?;
+    allow_dead_letter(&caller, input.dead_letter_topic.as_deref())?;
     let (created, topic) = s.broker.create_topic(&name, &input).await?;
     let status = if created {
         StatusCode::CREATED
@@ -109,7 +113,7 @@ pub(in crate::http) async fn patch(
     let name = topic_name(path)?;
     allow(&caller, Action::Admin, &name)?;
     let input = read_settings(&headers, body).await?;
-    allow_dead_letter(&caller, &input)?;
+    allow_dead_letter(&caller, input.dead_letter_topic.as_deref())?;
     let topic = s.broker.patch_topic(&name, &input).await?;
     Ok(Json(TopicView::new(topic, None)).into_response())
 }
