@@ -254,7 +254,7 @@ impl Broker {
             }
             None => {
                 let take = u32::try_from(max).unwrap_or(u32::MAX);
-                let start = self.sticky_partition(Kind::Consume, topic, take);
+                let start = self.sticky_partition(Kind::Consume, (topic, group), take);
                 (0..n).map(|i| (start + i) % n).collect()
             }
         };
@@ -288,7 +288,8 @@ impl Broker {
                 .await?;
             if partition.is_none() && before == 0 && !out.is_empty() && Some(p) != first {
                 // The cursor's partition had nothing: the next consumes start here.
-                self.sticky.served(Kind::Consume, &topic.name, p);
+                self.sticky
+                    .served(Kind::Consume, (&topic.name, group.name()), p);
             }
         }
         Ok((out, lapse))

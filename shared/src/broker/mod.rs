@@ -46,6 +46,7 @@ use crate::receipt::{self, Receipts};
 use crate::segment::SegmentCache;
 use crate::store::metered::MeteredStore;
 use crate::store::DynStore;
+use subscriptions::Group;
 
 pub use crate::partition::Settle;
 pub use crate::topic::Topic;
@@ -231,11 +232,23 @@ impl Broker {
 
     /// The partition of `topic`'s sticky cursor of `kind` for the next `take`
     /// operations ([`sticky`]): it stays while its partition is committing here.
-    fn sticky_partition(&self, kind: sticky::Kind, topic: &Topic, take: u32) -> u32 {
+    fn sticky_partition(
+        &self,
+        kind: sticky::Kind,
+        (topic, group): (&Topic, Group<'_>),
+        take: u32,
+    ) -> u32 {
         let n = topic.settings.partitions;
-        self.sticky.pick(kind, &topic.name, n, take, |p| {
-            self.committer.peek(topic, p) == crate::commit::Peek::Busy
-        })
+        self.sticky.pick(
+            kind,
+            (&topic.name, group.name()),
+            n,
+            take,
+            |p| match group {
+                Group::Default => self.committer.peek(topic, p) == crate::commit::Peek::Busy,
+                Group::Named(name, sub) => self.committer.ledger_busy(topic, (name, sub), p),
+            },
+        )
     }
 
     /// Runs `f` with the topic; if the topic turned out stale (deleted and created again

@@ -16,6 +16,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::sticky::Kind;
+use super::subscriptions::Group;
 use super::{check_partition, partition_for_key, Broker};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::produce::NewStored;
@@ -107,7 +108,7 @@ impl Broker {
             .count();
         let sticky = (loose > 0).then(|| {
             let take = u32::try_from(loose).unwrap_or(u32::MAX);
-            self.sticky_partition(Kind::Produce, topic, take)
+            self.sticky_partition(Kind::Produce, (topic, Group::Default), take)
         });
         let mut by_partition: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, m) in messages.iter().enumerate() {

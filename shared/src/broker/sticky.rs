@@ -38,6 +38,25 @@ pub(super) enum Kind {
     Consume,
 }
 
+/// Whose cursor: the produces of a topic, or the consumes of one of its subscriptions
+/// (`None`: the default one), each placed by where its own commits are busy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CursorKey {
+    kind: Kind,
+    topic: String,
+    subscription: Option<String>,
+}
+
+impl CursorKey {
+    fn new(kind: Kind, (topic, subscription): (&str, Option<&str>)) -> Self {
+        Self {
+            kind,
+            topic: topic.to_owned(),
+            subscription: subscription.map(str::to_owned),
+        }
+    }
+}
+
 /// Every topic's cursors in this process.
 #[derive(Debug)]
 pub(super) struct Sticky {
@@ -46,7 +65,7 @@ pub(super) struct Sticky {
 
 #[derive(Debug)]
 struct State {
-    cursors: HashMap<(Kind, String), Cursor>,
+    cursors: HashMap<CursorKey, Cursor>,
     /// Shuffles the rounds: seeded per process (from its id source, so a seeded test
     /// replays), so that processes draw different rounds.
     rng: StdRng,
@@ -67,30 +86,32 @@ impl Sticky {
         }
     }
 
-    /// The partition (of `n`) for the next `take` operations of `kind` on `topic`;
-    /// `busy(p)` tells whether partition `p` has a commit in flight or queued here.
+    /// The partition (of `n`) for the next `take` operations of `kind` on `topic`, for
+    /// one of its subscriptions (`None`: the default one); `busy(p)` tells whether
+    /// partition `p` has a commit of them in flight or queued here.
     pub fn pick(
         &self,
         kind: Kind,
-        topic: &str,
+        of: (&str, Option<&str>),
         n: u32,
         take: u32,
         busy: impl FnOnce(u32) -> bool,
     ) -> u32 {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let State { cursors, rng } = &mut *guard;
-        if cursors.len() >= MAX_CURSORS && !cursors.contains_key(&(kind, topic.to_owned())) {
+        let key = CursorKey::new(kind, of);
+        if cursors.len() >= MAX_CURSORS && !cursors.contains_key(&key) {
             cursors.clear();
         }
-        let cursor = cursors.entry((kind, topic.to_owned())).or_default();
+        let cursor = cursors.entry(key).or_default();
         cursor.step(n, take, busy, rng)
     }
 
     /// A consume found nothing where the cursor pointed and was served by `partition`:
     /// the next ones start there.
-    pub fn served(&self, kind: Kind, topic: &str, partition: u32) {
+    pub fn served(&self, kind: Kind, of: (&str, Option<&str>), partition: u32) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = state.cursors.get_mut(&(kind, topic.to_owned())) {
+        if let Some(c) = state.cursors.get_mut(&CursorKey::new(kind, of)) {
             c.partition = partition;
         }
     }
@@ -229,12 +250,16 @@ mod tests {
     #[test]
     fn a_served_consume_moves_the_cursor_and_the_map_is_bounded() {
         let s = Sticky::new("process");
-        let p = s.pick(Kind::Consume, "t", 8, 1, |_| true);
+        let p = s.pick(Kind::Consume, ("t", None), 8, 1, |_| true);
         let q = (p + 3) % 8;
-        s.served(Kind::Consume, "t", q);
-        assert_eq!(s.pick(Kind::Consume, "t", 8, 1, |_| true), q);
+        s.served(Kind::Consume, ("t", None), q);
+        assert_eq!(s.pick(Kind::Consume, ("t", None), 8, 1, |_| true), q);
+        // A subscription's consumes have a cursor of their own.
+        let sub = s.pick(Kind::Consume, ("t", Some("s")), 8, 1, |_| true);
+        s.served(Kind::Consume, ("t", Some("s")), (sub + 1) % 8);
+        assert_eq!(s.pick(Kind::Consume, ("t", None), 8, 1, |_| true), q);
         for i in 0..MAX_CURSORS + 10 {
-            s.pick(Kind::Produce, &format!("t{i}"), 4, 1, |_| false);
+            s.pick(Kind::Produce, (&format!("t{i}"), None), 4, 1, |_| false);
         }
         assert!(s.state.lock().unwrap().cursors.len() <= MAX_CURSORS);
     }

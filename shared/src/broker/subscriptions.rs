@@ -46,6 +46,14 @@ impl<'a> Group<'a> {
         }
     }
 
+    /// Its name (`None`: the default one).
+    pub fn name(&self) -> Option<&'a str> {
+        match *self {
+            Group::Default => None,
+            Group::Named(name, _) => Some(name),
+        }
+    }
+
     /// The settings its leases and settles obey.
     pub fn settings(&self, topic: &Topic) -> crate::settings::TopicSettings {
         match self {

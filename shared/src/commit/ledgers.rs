@@ -139,6 +139,18 @@ struct LedgerKey {
     partition: u32,
 }
 
+impl LedgerKey {
+    fn new(topic: &Topic, (name, sub): (&str, &SubscriptionRecord), partition: u32) -> Self {
+        LedgerKey {
+            topic: topic.name.clone(),
+            incarnation: topic.incarnation.clone(),
+            subscription: name.to_owned(),
+            id: sub.id.clone(),
+            partition,
+        }
+    }
+}
+
 struct LedgerQueue {
     topic: String,
     partition: u32,
@@ -279,6 +291,22 @@ impl Committer {
         answer(rx).await
     }
 
+    /// Whether the subscription `sub`'s ledger of `partition` has operations queued or a
+    /// batch running in this process (consumes arriving now would share its next commit).
+    pub fn ledger_busy(
+        &self,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+    ) -> bool {
+        let key = LedgerKey::new(topic, (name, sub), partition);
+        let Some(queue) = lock(&self.ledgers.queues).get(&key).cloned() else {
+            return false;
+        };
+        let st = lock(&queue.state);
+        st.running || !st.pending.is_empty()
+    }
+
     fn enqueue_ledger(
         self: &Arc<Self>,
         topic: &Topic,
@@ -286,13 +314,7 @@ impl Committer {
         partition: u32,
         ops: impl IntoIterator<Item = (LedgerOp, Answer)>,
     ) {
-        let key = LedgerKey {
-            topic: topic.name.clone(),
-            incarnation: topic.incarnation.clone(),
-            subscription: name.to_owned(),
-            id: sub.id.clone(),
-            partition,
-        };
+        let key = LedgerKey::new(topic, (name, sub), partition);
         let queue = lock(&self.ledgers.queues)
             .entry(key)
             .or_insert_with(|| {
