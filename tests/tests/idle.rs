@@ -74,6 +74,15 @@ struct Waiters {
 
 impl Waiters {
     fn spawn(a: &Arc<Broker>, topic: &'static str, n: usize) -> Self {
+        Self::spawn_on(a, (topic, None), n)
+    }
+
+    /// As [`Waiters::spawn`], consuming the subscription `sub` (`None`: the default one).
+    fn spawn_on(
+        a: &Arc<Broker>,
+        (topic, sub): (&'static str, Option<&'static str>),
+        n: usize,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let handles = (0..n)
@@ -82,7 +91,7 @@ impl Waiters {
                 tokio::spawn(async move {
                     while !stop.load(Ordering::SeqCst) {
                         let got = a
-                            .consume(topic, None, Duration::from_secs(10), 10)
+                            .consume_from(topic, sub, None, Duration::from_secs(10), 10)
                             .await
                             .unwrap();
                         for d in got {
@@ -219,5 +228,70 @@ async fn waiting_behind_a_key_in_flight_costs_no_reads() {
         .expect("the key's next message, once the first was acked")
         .unwrap();
     assert_eq!(next, Bytes::from_static(b"m1"));
+    waiters.stop().await;
+}
+
+/// A named subscription's waiting consumers share the same listing, and skip a partition
+/// whose manifest it shows unchanged while the subscription's ledger, as this process
+/// knows it, offers nothing: they read the ledger (and the manifest) again only when that
+/// knowledge is older than the longest listing interval, which bounds how late they see
+/// a nack made through another process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_idle_consumers_of_a_subscription_read_each_partition_only_every_few_seconds() {
+    let Some((metered, store, a, _dir)) = metered_broker().await else {
+        return;
+    };
+    let input = SettingsInput {
+        partitions: Some(4),
+        ..SettingsInput::default()
+    };
+    a.create_topic("fan-idle", &input).await.unwrap();
+    let sub = narad_shared::subscription::SubscriptionInput::default();
+    a.create_subscription("fan-idle", "audit", &sub)
+        .await
+        .unwrap();
+    for i in 0..8 {
+        a.produce("fan-idle", message(&format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    let mut acked = 0;
+    while acked < 8 {
+        let got = a
+            .consume_from("fan-idle", Some("audit"), None, Duration::ZERO, 100)
+            .await
+            .unwrap();
+        for d in got {
+            let handle = d.receipt_handle.unwrap();
+            a.settle("fan-idle", &handle, Settle::Ack).await.unwrap();
+            acked += 1;
+        }
+    }
+
+    let mut waiters = Waiters::spawn_on(&a, ("fan-idle", Some("audit")), 16);
+    let what = "16 idle consumers of a subscription, 4 partitions";
+    let (used, per_minute) = steady(&metered, Duration::from_secs(16), what).await;
+    // The listing (at most 15 a minute), and per partition a ledger and a manifest read
+    // about every 4 s: 120 a minute, 150 when the 16 s catch five rounds (802 a minute
+    // before the waiters skipped partitions).
+    assert!(
+        per_minute <= 200.0,
+        "idle consumers of a subscription cost {per_minute:.1} requests a minute ({:?})",
+        used.0
+    );
+
+    // News through another process reaches them within one interval.
+    let b = broker(store.clone()).await;
+    let sent = Instant::now();
+    b.produce("fan-idle", message("news")).await.unwrap();
+    let (at, payload) = tokio::time::timeout(Duration::from_secs(10), waiters.rx.recv())
+        .await
+        .expect("an idle waiter never got the message")
+        .unwrap();
+    let latency = at.duration_since(sent);
+    eprintln!("produced through another broker, delivered after {latency:?}");
+    assert_eq!(payload, Bytes::from_static(b"news"));
+    assert!(latency <= Duration::from_secs(5), "took {latency:?}");
+
     waiters.stop().await;
 }

@@ -205,8 +205,12 @@ impl Broker {
 
     /// Whether a waiting consume may skip `p` without a storage request, per `view`: the
     /// broker time until which it may (`None`: it may not).
-    fn quiet(&self, topic: &Topic, p: u32, view: &View) -> Option<u64> {
-        let until = match (view.seen(p), self.committer.peek(topic, p)) {
+    fn quiet(&self, (topic, group): (&Topic, Group<'_>), p: u32, view: &View) -> Option<u64> {
+        let peek = match group {
+            Group::Default => self.committer.peek(topic, p),
+            Group::Named(name, sub) => self.committer.peek_ledger(topic, (name, sub), p),
+        };
+        let until = match (view.seen(p), peek) {
             (Seen::Missing, Peek::Unknown) => Some(u64::MAX),
             (
                 Seen::Missing,
@@ -228,9 +232,9 @@ impl Broker {
     }
 
     /// One pass over the partitions, leasing up to `max` messages for the subscription
-    /// `sub`; with a `view`, partitions it shows quiet are skipped (the default
-    /// subscription's only: the view knows the manifest's ledger), and the earliest time
-    /// one of them could have a message again (a lease lapsing) is answered beside the
+    /// `sub`; with a `view`, partitions it shows quiet are skipped ([`Broker::quiet`]), and
+    /// the earliest time one of them could have a message again (a lease lapsing, or a
+    /// named subscription's ledger as known here growing too old) is answered beside the
     /// deliveries.
     async fn lease_once(
         &self,
@@ -241,7 +245,6 @@ impl Broker {
         view: Option<&View>,
     ) -> BrokerResult<(Vec<Delivery>, Option<u64>)> {
         let group = Group::of(topic, sub)?;
-        let view = view.filter(|_| matches!(group, Group::Default));
         if group.settings(topic).paused {
             // Delivers nothing until resumed; the long poll waits out its time meanwhile.
             return Ok((Vec::new(), None));
@@ -266,7 +269,7 @@ impl Broker {
             if out.len() >= max || used >= MAX_CONSUME_RESPONSE_BYTES {
                 break;
             }
-            if let Some(until) = view.and_then(|v| self.quiet(topic, p, v)) {
+            if let Some(until) = view.and_then(|v| self.quiet((topic, group), p, v)) {
                 if until != u64::MAX {
                     lapse = Some(lapse.map_or(until, |l| l.min(until)));
                 }

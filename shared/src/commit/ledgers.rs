@@ -22,10 +22,10 @@ use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
-use super::{answer, lock, Committer, LeaseAnswer};
+use super::{answer, lock, Committer, LeaseAnswer, Peek};
 use crate::cas::{Cell, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::lease::Keys;
+use crate::partition::lease::{self, Keys};
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, SubscriptionState};
 use crate::partition::{Layout, Manifest, Rules, Settle};
 use crate::store::ETag;
@@ -35,6 +35,16 @@ use crate::topic::Topic;
 /// How long a batch may lease over a log read earlier (new messages are seen as soon as
 /// the known ones run out; this bounds how long retention and compaction go unseen).
 pub const LOG_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// How long a waiting consume may skip a partition on the ledger as this process last
+/// read or wrote it ([`Committer::peek_ledger`]): another process's nack or release
+/// reaches this process's idle waiters within it, as the longest listing interval
+/// (`idle_poll_max`, 4 s) bounds other news.
+pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
+
+/// How soon a waiting consume looks again at a partition whose knowledge a batch is
+/// renewing ([`Committer::peek_ledger`]).
+const RENEWING_LOOK: Duration = Duration::from_millis(50);
 
 /// Whether a batch must read the log before applying `ops` to `state` (`None`: not read
 /// yet) over `log` (read at `read_at`) at `now_ms`: when
@@ -49,6 +59,20 @@ fn needs_log(
     let leases = ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. }));
     (leases && read_at.elapsed() > LOG_MAX_AGE)
         || subscription::needs_newer_log(ops, state, log, now_ms)
+}
+
+/// What `known` (after a batch) tells waiting consumes at `now`: see [`Quiet`].
+fn quiet(known: &Known, rules: &Rules, now: u64) -> Option<Quiet> {
+    let (Some(ledger), Some((log, _))) = (&known.ledger, &known.log) else {
+        return None;
+    };
+    let mut state = ledger.value.clone();
+    state.catch_up(&log.value);
+    Some(Quiet {
+        log: log.etag.clone(),
+        until: lease::quiet_until(&state.over(&log.value), now, rules, &known.keys),
+        at: Instant::now(),
+    })
 }
 
 /// One rule set per batch: the newest operation's (they differ only across a settings
@@ -167,6 +191,8 @@ struct QueueState {
     running: bool,
     /// What the last batch left.
     known: Known,
+    /// A copy of `known.quiet`, readable while a batch runs.
+    quiet: Option<Quiet>,
 }
 
 /// What a queue knows between batches.
@@ -178,6 +204,19 @@ struct Known {
     ledger: Option<Snapshot<SubscriptionState>>,
     /// Message keys read for per-key ordering, at or above the ledger's frontier.
     keys: Keys,
+    /// What the last batch left for waiting consumes, when it found nothing more to lease.
+    quiet: Option<Quiet>,
+}
+
+/// What a batch that left nothing to lease knew ([`Committer::peek_ledger`]).
+#[derive(Debug, Clone)]
+struct Quiet {
+    /// The ETag of the log it used.
+    log: Option<ETag>,
+    /// [`lease::quiet_until`] over that log and the ledger it left.
+    until: Option<u64>,
+    /// When the batch ended: the ledger was the stored one then.
+    at: Instant,
 }
 
 enum Answer {
@@ -307,6 +346,44 @@ impl Committer {
         st.running || !st.pending.is_empty()
     }
 
+    /// What a waiting consume of the subscription `sub` may know of `partition` without a
+    /// storage request, as [`Committer::peek`] for the default one: the ETag of the log
+    /// and when a lease could next get anything, as the last batch left them when it
+    /// found nothing more to lease, for [`LEDGER_MAX_AGE`] after it ([`Peek::Unknown`]
+    /// otherwise; while a batch renews it, a little longer). A batch running meanwhile does
+    /// not hide it: waiting consumes that wake together do not each start a batch.
+    pub fn peek_ledger(
+        &self,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+    ) -> Peek {
+        let key = LedgerKey::new(topic, (name, sub), partition);
+        let Some(queue) = lock(&self.ledgers.queues).get(&key).cloned() else {
+            return Peek::Unknown;
+        };
+        let (quiet, renewing) = {
+            let st = lock(&queue.state);
+            let Some(quiet) = st.quiet.clone() else {
+                return Peek::Unknown;
+            };
+            (quiet, st.running || !st.pending.is_empty())
+        };
+        let left = match LEDGER_MAX_AGE.checked_sub(quiet.at.elapsed()) {
+            Some(left) if !left.is_zero() => left,
+            // Too old: the first waiter to look starts a batch, which renews it; the
+            // others look again shortly rather than each queue a lease of their own.
+            _ if renewing => RENEWING_LOOK,
+            _ => return Peek::Unknown,
+        };
+        let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        let aged = self.clock.now_ms().saturating_add(left);
+        Peek::Known {
+            etag: quiet.log,
+            quiet_until: quiet.until.map(|u| u.min(aged)),
+        }
+    }
+
     fn enqueue_ledger(
         self: &Arc<Self>,
         topic: &Topic,
@@ -383,7 +460,9 @@ impl Committer {
             };
             last_batch = batch.len();
             let known = self.ledger_batch(&q, batch, known).await;
-            lock(&q.state).known = known;
+            let mut st = lock(&q.state);
+            st.quiet = known.quiet.clone();
+            st.known = known;
         }
     }
 
@@ -396,6 +475,7 @@ impl Committer {
         batch: Vec<(LedgerOp, Rules, Answer)>,
         mut known: Known,
     ) -> Known {
+        known.quiet = None;
         let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
         let rules = batch_rules(&batch);
         let fail = |batch: Vec<(LedgerOp, Rules, Answer)>, e: BrokerError| {
@@ -455,6 +535,13 @@ impl Committer {
         };
         if let Some(state) = &known.ledger {
             known.keys.forget_below(state.value.frontier);
+        }
+        let drained = ops.iter().zip(&outcomes).any(|(op, out)| {
+            matches!((op, out), (LedgerOp::Lease { max, .. }, LedgerOutcome::Leased(l))
+                if l.grants.len() + l.dead.len() < *max)
+        });
+        if drained {
+            known.quiet = quiet(&known, &rules, self.clock.now_ms());
         }
         for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
             tx.answer(out, &layout);
