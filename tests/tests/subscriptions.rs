@@ -436,3 +436,54 @@ async fn a_process_that_knows_an_old_log_but_no_ledger_still_finds_newer_message
     // step's separate instances found this).
     assert_eq!(drain(&other, "older", "late").await, vec![1, 2]);
 }
+
+/// A dead letter of one subscription goes back to that subscription alone: the copy is held
+/// while the redrive cancels it for the default subscription and every other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redriven_dead_letter_goes_back_to_its_own_subscription_alone() {
+    let s = Server::start().await;
+    s.create_topic("work-dlq", json!({})).await;
+    s.create_topic("work", json!({})).await;
+    let strict = json!({"max_deliveries": 1, "dead_letter_topic": "work-dlq", "visibility_timeout_ms": 1000});
+    put_sub(&s, "work", "strict", strict).await;
+    put_sub(&s, "work", "other", json!({})).await;
+    s.produce("work", json!({ "n": 0 }).to_string()).await;
+    // Every group settles it; `strict` dead-letters it on its second lease.
+    assert_eq!(drain(&s, "work", "other").await, vec![0]);
+    let m = s.consume("work", "").await.unwrap();
+    let h = m["receipt_handle"].as_str().unwrap();
+    assert_eq!(s.ack("work", h, "").await, StatusCode::NO_CONTENT);
+    let m = s.consume("work", "subscription=strict").await.unwrap();
+    let h = m["receipt_handle"].as_str().unwrap();
+    assert_eq!(s.ack("work", h, "&extend=0").await, StatusCode::NO_CONTENT);
+    assert!(s.consume("work", "subscription=strict").await.is_none());
+
+    let r = s
+        .req(Method::POST, "/v1/topics/work-dlq/redrive")
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"moved": 1, "failed": 0}));
+    // Held, then `strict`'s alone.
+    assert!(
+        s.consume("work", "subscription=strict").await.is_none(),
+        "held"
+    );
+    s.clock.advance(30_000);
+    assert_eq!(drain(&s, "work", "strict").await, vec![0]);
+    assert!(s.consume("work", "subscription=other").await.is_none());
+    assert!(s.consume("work", "").await.is_none(), "not the default's");
+    let r = s
+        .req(Method::GET, "/v1/topics/work/subscriptions/other")
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let p0 = &v["partitions"][0];
+    assert_eq!(
+        (&p0["frontier"], &p0["available"]),
+        (&json!(2), &json!(0)),
+        "settled for other: {v}"
+    );
+}
