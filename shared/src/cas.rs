@@ -57,6 +57,23 @@ pub enum Invalid {
 
 pub use crate::formats::Newer;
 
+/// A stored state of the generation `stored` (a topic's incarnation, a subscription's id)
+/// taken for the caller's generation `own`: itself when they are the same; `fresh`, the
+/// caller's empty state with `version` still climbing past the stored one (so no two
+/// states share bytes), when the stored one is left over from an older generation; and
+/// [`Invalid::Superseded`] when it belongs to a newer one.
+pub fn of_generation<S>(
+    (stored, own): (&str, &str),
+    value: S,
+    fresh: impl FnOnce(&S) -> S,
+) -> Result<S, Invalid> {
+    match stored.cmp(own) {
+        std::cmp::Ordering::Equal => Ok(value),
+        std::cmp::Ordering::Greater => Err(Invalid::Superseded),
+        std::cmp::Ordering::Less => Ok(fresh(&value)),
+    }
+}
+
 impl From<crate::formats::Unreadable> for Invalid {
     fn from(e: crate::formats::Unreadable) -> Self {
         match e {

@@ -118,6 +118,22 @@ impl Waiters {
     }
 }
 
+/// Produces to `topic` through a second broker on `store`: one of `waiters` must get it
+/// within 5 s.
+async fn news_through_another_process(store: &DynStore, topic: &str, waiters: &mut Waiters) {
+    let b = broker(store.clone()).await;
+    let sent = Instant::now();
+    b.produce(topic, message("news")).await.unwrap();
+    let (at, payload) = tokio::time::timeout(Duration::from_secs(10), waiters.rx.recv())
+        .await
+        .expect("an idle waiter never got the message")
+        .unwrap();
+    let latency = at.duration_since(sent);
+    eprintln!("produced through another broker, delivered after {latency:?}");
+    assert_eq!(payload, Bytes::from_static(b"news"));
+    assert!(latency <= Duration::from_secs(5), "took {latency:?}");
+}
+
 /// Lets the listing interval grow to its cap, then counts the requests of a steady
 /// `stretch`; answers them and their rate per minute.
 async fn steady(metered: &MeteredStore, stretch: Duration, what: &str) -> (Counts, f64) {
@@ -169,17 +185,7 @@ async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news
     assert_eq!(used.gets(), 0, "an unchanged partition is not read");
 
     // News through another process: the waiters hear of it within one interval.
-    let b = broker(store.clone()).await;
-    let sent = Instant::now();
-    b.produce("idle", message("news")).await.unwrap();
-    let (at, payload) = tokio::time::timeout(Duration::from_secs(10), waiters.rx.recv())
-        .await
-        .expect("an idle waiter never got the message")
-        .unwrap();
-    let latency = at.duration_since(sent);
-    eprintln!("produced through another broker, delivered after {latency:?}");
-    assert_eq!(payload, Bytes::from_static(b"news"));
-    assert!(latency <= Duration::from_secs(5), "took {latency:?}");
+    news_through_another_process(&store, "idle", &mut waiters).await;
 
     waiters.stop().await;
 }
@@ -281,17 +287,7 @@ async fn sixteen_idle_consumers_of_a_subscription_read_each_partition_only_every
     );
 
     // News through another process reaches them within one interval.
-    let b = broker(store.clone()).await;
-    let sent = Instant::now();
-    b.produce("fan-idle", message("news")).await.unwrap();
-    let (at, payload) = tokio::time::timeout(Duration::from_secs(10), waiters.rx.recv())
-        .await
-        .expect("an idle waiter never got the message")
-        .unwrap();
-    let latency = at.duration_since(sent);
-    eprintln!("produced through another broker, delivered after {latency:?}");
-    assert_eq!(payload, Bytes::from_static(b"news"));
-    assert!(latency <= Duration::from_secs(5), "took {latency:?}");
+    news_through_another_process(&store, "fan-idle", &mut waiters).await;
 
     waiters.stop().await;
 }

@@ -22,6 +22,17 @@ async fn put_sub(s: &Server, topic: &str, sub: &str, body: Value) -> (StatusCode
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Another server process on `s`'s store and clock.
+async fn second_process(s: &Server) -> Server {
+    Server::start_on(
+        s.store.clone(),
+        None,
+        narad_tests::Options::default(),
+        s.clock.clone(),
+    )
+    .await
+}
+
 /// Consumes everything available for `sub` (one at a time), acking each; the payloads.
 async fn drain(s: &Server, topic: &str, sub: &str) -> Vec<u64> {
     let mut got = Vec::new();
@@ -367,13 +378,7 @@ async fn a_subscription_of_an_ordered_topic_keeps_each_keys_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_through_a_process_that_has_not_seen_the_message_yet_holds() {
     let s = Server::start().await;
-    let other = Server::start_on(
-        s.store.clone(),
-        None,
-        narad_tests::Options::default(),
-        s.clock.clone(),
-    )
-    .await;
+    let other = second_process(&s).await;
     s.create_topic("seen", json!({})).await;
     put_sub(&s, "seen", "a", json!({})).await;
     s.produce("seen", json!({ "n": 0 }).to_string()).await;
@@ -404,13 +409,7 @@ async fn a_cancel_through_a_process_that_has_not_seen_the_message_yet_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_created_through_another_process_is_found_at_once() {
     let s = Server::start().await;
-    let other = Server::start_on(
-        s.store.clone(),
-        None,
-        narad_tests::Options::default(),
-        s.clock.clone(),
-    )
-    .await;
+    let other = second_process(&s).await;
     s.create_topic("elsewhere", json!({})).await;
     s.produce("elsewhere", json!({ "n": 0 }).to_string()).await;
     // The other process caches the topic as it is now, without subscriptions.
@@ -426,13 +425,7 @@ async fn a_subscription_created_through_another_process_is_found_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_knows_an_old_log_but_no_ledger_still_finds_newer_messages() {
     let s = Server::start().await;
-    let other = Server::start_on(
-        s.store.clone(),
-        None,
-        narad_tests::Options::default(),
-        s.clock.clone(),
-    )
-    .await;
+    let other = second_process(&s).await;
     s.create_topic("older", json!({})).await;
     // `other` knows the log as its own produce left it: one message.
     other.produce("older", json!({ "n": 0 }).to_string()).await;

@@ -545,16 +545,12 @@ impl Stored for Manifest {
                 .collect();
         }
         stored.format = MANIFEST_FORMAT;
-        match stored.incarnation.as_str().cmp(incarnation.as_str()) {
-            std::cmp::Ordering::Equal => Ok(stored),
-            std::cmp::Ordering::Greater => Err(Invalid::Superseded),
-            // Left over from a deleted topic of the same name: start afresh, but keep the
-            // version climbing so no two states share bytes.
-            std::cmp::Ordering::Less => Ok(Manifest {
-                version: stored.version,
-                ..Manifest::empty(incarnation)
-            }),
-        }
+        // Left over from a deleted topic of the same name: start afresh.
+        let stored_incarnation = stored.incarnation.clone();
+        crate::cas::of_generation((&stored_incarnation, incarnation), stored, |old| Manifest {
+            version: old.version,
+            ..Manifest::empty(incarnation)
+        })
     }
 
     fn encode(&self) -> Result<Bytes, String> {

@@ -318,16 +318,12 @@ impl Stored for SubscriptionState {
         }
         let stored: SubscriptionState =
             serde_json::from_slice(raw).map_err(|e| Invalid::Corrupt(e.to_string()))?;
-        match stored.subscription.as_str().cmp(origin.id.as_str()) {
-            std::cmp::Ordering::Equal => Ok(stored),
-            std::cmp::Ordering::Greater => Err(Invalid::Superseded),
-            // Left over from a deleted subscription of the same name: start afresh, with
-            // the version still climbing so no two states share bytes.
-            std::cmp::Ordering::Less => Ok(SubscriptionState {
-                version: stored.version,
-                ..SubscriptionState::new(origin)
-            }),
-        }
+        // Left over from a deleted subscription of the same name: start afresh.
+        let stored_id = stored.subscription.clone();
+        crate::cas::of_generation((&stored_id, &origin.id), stored, |old| SubscriptionState {
+            version: old.version,
+            ..SubscriptionState::new(origin)
+        })
     }
 
     fn encode(&self) -> Result<Bytes, String> {
