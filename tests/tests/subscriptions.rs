@@ -283,6 +283,26 @@ async fn a_subscription_shows_its_own_backlog_per_partition() {
     let t = s.topic("figures").await;
     assert_eq!(t["partitions"][0]["available"], 3, "{t}");
     assert_eq!(t["partitions"][0]["in_flight"], 0, "{t}");
+    // `/metrics` shows the subscription's figures as this process's commits left them
+    // (per process: only an in-process server's are exact).
+    if narad_tests::external_url().is_none() {
+        let metrics = s
+            .req(Method::GET, "/metrics")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            r#"narad_subscription_backlog_messages{topic="figures",subscription="a"} 2"#,
+            r#"narad_subscription_in_flight_messages{topic="figures",subscription="a"} 1"#,
+            r#"narad_subscription_delayed_messages{topic="figures",subscription="a"} 1"#,
+            r#"narad_subscription_lost_messages{topic="figures",subscription="a"} 0"#,
+        ] {
+            assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

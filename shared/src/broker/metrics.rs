@@ -1,13 +1,15 @@
 //! `GET /metrics`: this process's counters in the Prometheus text format (storage
 //! requests by operation and outcome, commits, operations per commit, conflicts,
 //! long-poll waiters, dead-lettered messages), and per topic this process serves its
-//! backlog, in-flight count and the age of its oldest unsettled message
-//! ([`Broker::topic_metrics`]). No payloads; topic names only where the caller may see them.
+//! backlog, in-flight count and the age of its oldest unsettled message, and per named
+//! subscription its backlog, in flight, delayed and lost ([`Broker::topic_metrics`]). No
+//! payloads; topic names only where the caller may see them.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::Broker;
+use crate::commit::Figures;
 use crate::store::metered::{OPS, OUTCOMES};
 
 /// One topic's figures for `/metrics`: backlog, in flight, delayed, and the oldest
@@ -167,7 +169,60 @@ impl Broker {
                 }
             }
         }
+        self.subscription_metrics(&visible, &mut out);
         out
+    }
+
+    /// Per named subscription of the topics `visible` admits, summed over its partitions as
+    /// this process's ledger commits last left them (no storage request):
+    /// `narad_subscription_backlog_messages`, `_in_flight_messages`, `_delayed_messages`
+    /// and `_lost_messages`, labelled `topic` and `subscription`.
+    fn subscription_metrics(&self, visible: &impl Fn(&str) -> bool, out: &mut String) {
+        let mut subs: std::collections::BTreeMap<(String, String), Figures> =
+            std::collections::BTreeMap::new();
+        for s in self.committer.ledger_summaries() {
+            if !visible(&s.topic) {
+                continue;
+            }
+            let e = subs.entry((s.topic, s.subscription)).or_default();
+            e.available += s.figures.available;
+            e.in_flight += s.figures.in_flight;
+            e.delayed += s.figures.delayed;
+            e.lost += s.figures.lost;
+        }
+        let series: [(&str, &str, fn(&Figures) -> u64); 4] = [
+            (
+                "narad_subscription_backlog_messages",
+                "Unsettled messages with no live lease, per subscription, as this process last saw it.",
+                |f| f.available,
+            ),
+            (
+                "narad_subscription_in_flight_messages",
+                "Live leases per subscription, as this process last saw it.",
+                |f| f.in_flight,
+            ),
+            (
+                "narad_subscription_delayed_messages",
+                "Delayed messages not due yet, per subscription, as this process last saw it.",
+                |f| f.delayed,
+            ),
+            (
+                "narad_subscription_lost_messages",
+                "Messages retention or a topic purge removed before the subscription settled them.",
+                |f| f.lost,
+            ),
+        ];
+        for (name, help, value) in series {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for ((topic, sub), f) in &subs {
+                // Names are [A-Za-z0-9._-]: nothing to escape in a label value.
+                let _ = writeln!(
+                    out,
+                    "{name}{{topic=\"{topic}\",subscription=\"{sub}\"}} {}",
+                    value(f)
+                );
+            }
+        }
     }
 
     /// The counters of combining produces across processes (commit/combine.rs).

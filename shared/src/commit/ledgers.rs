@@ -75,6 +75,24 @@ fn quiet(known: &Known, rules: &Rules, now: u64) -> Option<Quiet> {
     })
 }
 
+/// What `known` (after a batch) shows at `now`: see [`Figures`].
+fn figures(known: &Known, now: u64) -> Option<Figures> {
+    use crate::partition::Ledger;
+    let (Some(ledger), Some((log, _))) = (&known.ledger, &known.log) else {
+        return None;
+    };
+    let mut state = ledger.value.clone();
+    state.catch_up(&log.value);
+    let lost = state.lost;
+    let view = state.over(&log.value);
+    Some(Figures {
+        available: view.available_count(now),
+        in_flight: view.in_flight(now) as u64,
+        delayed: view.delayed_count(now),
+        lost,
+    })
+}
+
 /// One rule set per batch: the newest operation's (they differ only across a settings
 /// change, which reaches every operation within the topic cache period).
 fn batch_rules(batch: &[(LedgerOp, Rules, Answer)]) -> Rules {
@@ -193,6 +211,34 @@ struct QueueState {
     known: Known,
     /// A copy of `known.quiet`, readable while a batch runs.
     quiet: Option<Quiet>,
+    /// What the last batch that succeeded left, for `/metrics`.
+    figures: Option<Figures>,
+}
+
+/// One subscription's partition as a batch left it ([`Committer::ledger_summaries`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// Unsettled messages with no live lease and no delay.
+    pub available: u64,
+    /// Live leases.
+    pub in_flight: u64,
+    /// Unsettled messages not due yet.
+    pub delayed: u64,
+    /// Messages retention or a topic purge removed before this subscription settled them.
+    pub lost: u64,
+}
+
+/// What this process last saw of one subscription's partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerSummary {
+    /// Topic.
+    pub topic: String,
+    /// Subscription name.
+    pub subscription: String,
+    /// Partition.
+    pub partition: u32,
+    /// As of this process's last commit or read of the ledger.
+    pub figures: Figures,
 }
 
 /// What a queue knows between batches.
@@ -206,6 +252,8 @@ struct Known {
     keys: Keys,
     /// What the last batch left for waiting consumes, when it found nothing more to lease.
     quiet: Option<Quiet>,
+    /// What the last batch left, for `/metrics`.
+    figures: Option<Figures>,
 }
 
 /// What a batch that left nothing to lease knew ([`Committer::peek_ledger`]).
@@ -384,6 +432,45 @@ impl Committer {
         }
     }
 
+    /// What this process's ledger queues last saw of every subscription's partitions,
+    /// newest topic incarnation and subscription id of each name only; no storage
+    /// request.
+    pub fn ledger_summaries(&self) -> Vec<LedgerSummary> {
+        let queues: Vec<(LedgerKey, Arc<LedgerQueue>)> = lock(&self.ledgers.queues)
+            .iter()
+            .map(|(k, q)| (k.clone(), q.clone()))
+            .collect();
+        let mut newest: HashMap<(&str, &str), (&str, &str)> = HashMap::new();
+        for (k, _) in &queues {
+            let e = newest
+                .entry((&k.topic, &k.subscription))
+                .or_insert((&k.incarnation, &k.id));
+            if (k.incarnation.as_str(), k.id.as_str()) > *e {
+                *e = (&k.incarnation, &k.id);
+            }
+        }
+        let mut out: Vec<LedgerSummary> = queues
+            .iter()
+            .filter(|(k, _)| {
+                newest.get(&(k.topic.as_str(), k.subscription.as_str()))
+                    == Some(&(k.incarnation.as_str(), k.id.as_str()))
+            })
+            .filter_map(|(k, q)| {
+                let figures = lock(&q.state).figures?;
+                Some(LedgerSummary {
+                    topic: k.topic.clone(),
+                    subscription: k.subscription.clone(),
+                    partition: k.partition,
+                    figures,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.topic, &a.subscription, a.partition).cmp(&(&b.topic, &b.subscription, b.partition))
+        });
+        out
+    }
+
     fn enqueue_ledger(
         self: &Arc<Self>,
         topic: &Topic,
@@ -462,6 +549,9 @@ impl Committer {
             let known = self.ledger_batch(&q, batch, known).await;
             let mut st = lock(&q.state);
             st.quiet = known.quiet.clone();
+            if known.figures.is_some() {
+                st.figures = known.figures;
+            }
             st.known = known;
         }
     }
@@ -476,6 +566,7 @@ impl Committer {
         mut known: Known,
     ) -> Known {
         known.quiet = None;
+        known.figures = None;
         let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
         let rules = batch_rules(&batch);
         let fail = |batch: Vec<(LedgerOp, Rules, Answer)>, e: BrokerError| {
@@ -541,8 +632,9 @@ impl Committer {
                 if l.grants.len() + l.dead.len() < *max)
         });
         if drained {
-            known.quiet = quiet(&known, &rules, self.clock.now_ms());
+            known.quiet = quiet(&known, &rules, now);
         }
+        known.figures = figures(&known, now);
         for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
             tx.answer(out, &layout);
         }

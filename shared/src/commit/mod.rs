@@ -24,6 +24,7 @@ mod chore;
 mod combine;
 mod landing;
 mod ledgers;
+pub use ledgers::{Figures, LedgerSummary};
 mod listing;
 mod ordering;
 mod produces;
