@@ -16,6 +16,9 @@ use crate::store::metered::{OPS, OUTCOMES};
 /// unsettled age in ms (if known).
 type TopicFigures = (u64, u64, u64, Option<u64>);
 
+/// One per-subscription series: name, help, and its value from a subscription's figures.
+type SubscriptionSeries = (&'static str, &'static str, fn(&Figures) -> u64);
+
 /// One per-topic series: name, help, and its value from a topic's figures.
 type Series = (&'static str, &'static str, fn(&TopicFigures) -> Option<f64>);
 
@@ -190,7 +193,7 @@ impl Broker {
             e.delayed += s.figures.delayed;
             e.lost += s.figures.lost;
         }
-        let series: [(&str, &str, fn(&Figures) -> u64); 4] = [
+        let series: [SubscriptionSeries; 4] = [
             (
                 "narad_subscription_backlog_messages",
                 "Unsettled messages with no live lease, per subscription, as this process last saw it.",
