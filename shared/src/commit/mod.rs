@@ -63,7 +63,7 @@ use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
-pub use repair::Repair;
+pub use repair::{Repair, RepairState};
 use role::{Idle, Role};
 pub use wake::Wakers;
 

@@ -70,13 +70,25 @@ impl Target<'_> {
     }
 }
 
+/// Where a partition's manifest stands after a repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RepairState {
+    /// Nothing wrong with it.
+    Healthy,
+    /// It was damaged and is rebuilt.
+    Repaired,
+    /// It is damaged still: a dry run, or a repair that did not write.
+    Corrupt,
+}
+
 /// What a repair found and did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Repair {
     /// Partition.
     pub partition: u32,
-    /// `healthy`, `repaired`, or `corrupt` (a dry run, or a repair that did not write).
-    pub state: &'static str,
+    /// Where the manifest stands.
+    pub state: RepairState,
     /// The manifest object.
     pub object: String,
     /// What is wrong with it.
@@ -149,7 +161,7 @@ impl Committer {
             _ => return false,
         }
         match self.repair_found(&t, first, false).await {
-            Ok(r) => r.state == "repaired",
+            Ok(r) => r.state == RepairState::Repaired,
             // Another process repaired it first (its write changed the ETag).
             Err(BrokerError::Contention) => matches!(self.inspect(&t).await, Ok(Found::Healthy)),
             Err(e) => {
@@ -170,7 +182,7 @@ impl Committer {
             Found::Healthy => {
                 return Ok(Repair {
                     partition: t.partition,
-                    state: "healthy",
+                    state: RepairState::Healthy,
                     object: t.key.to_owned(),
                     problem: None,
                     report: None,
@@ -182,7 +194,7 @@ impl Committer {
         let (mut m, report) = rebuild::rebuild(t.incarnation, ev, t.dedup_window_ms);
         let mut out = Repair {
             partition: t.partition,
-            state: "corrupt",
+            state: RepairState::Corrupt,
             object: t.key.to_owned(),
             problem: Some(problem),
             report: Some(report),
@@ -205,7 +217,7 @@ impl Committer {
         }
         tracing::warn!(object = %t.key, report = ?out.report,
             "corrupt manifest rebuilt: unsettled messages are delivered again at new offsets");
-        out.state = "repaired";
+        out.state = RepairState::Repaired;
         Ok(out)
     }
 
