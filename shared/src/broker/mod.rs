@@ -54,7 +54,7 @@ pub use consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 pub use piggyback::AckedConsume;
 pub use produce::{NewMessage, Produced};
 pub use redrive::{Redriven, MAX_REDRIVE};
-pub use topics::PartitionStats;
+pub use topics::{Created, PartitionStats};
 
 /// The broker. Cheap to share behind an `Arc`.
 pub struct Broker {

@@ -16,7 +16,7 @@ use crate::partition::Ledger;
 use crate::subscription::{Start, SubscriptionInput, SubscriptionRecord};
 use crate::topic::{Topic, TopicRecord};
 
-use super::Broker;
+use super::{Broker, Created};
 
 /// Which set of competing consumers an operation is for.
 #[derive(Debug, Clone, Copy)]
@@ -147,8 +147,8 @@ impl Broker {
         Ok(out)
     }
 
-    /// Creates the subscription `sub` on topic `name`; `true` when it is new, `false`
-    /// when it existed with the same start and settings.
+    /// Creates the subscription `sub` on topic `name`: [`Created::New`], or
+    /// [`Created::Existing`] when it existed with the same start and settings.
     ///
     /// Errors: [`BrokerError::TopicNotFound`], [`BrokerError::SubscriptionConflict`],
     /// [`BrokerError::TooManySubscriptions`], [`BrokerError::InvalidSetting`],
@@ -158,7 +158,7 @@ impl Broker {
         name: &str,
         sub: &str,
         input: &SubscriptionInput,
-    ) -> BrokerResult<(bool, Topic)> {
+    ) -> BrokerResult<(Created, Topic)> {
         keys::validate_topic(name)?;
         validate_name(sub)?;
         self.gate.check()?;
@@ -174,7 +174,7 @@ impl Broker {
         if let Some(existing) = topic.subscription(sub) {
             // Known already: no manifest reads.
             return if existing.start == start && existing.settings == settings {
-                Ok((false, topic))
+                Ok((Created::Existing, topic))
             } else {
                 Err(BrokerError::SubscriptionConflict)
             };
@@ -207,7 +207,7 @@ impl Broker {
                 };
                 if let Some(old) = rec.subscriptions.get(sub) {
                     return if old.start == new.start && old.settings == new.settings {
-                        Ok(Decision::Keep(false))
+                        Ok(Decision::Keep(Created::Existing))
                     } else {
                         Err(BrokerError::SubscriptionConflict)
                     };
@@ -216,7 +216,7 @@ impl Broker {
                     return Err(BrokerError::TooManySubscriptions(max));
                 }
                 rec.subscriptions.insert(sub.to_owned(), new.clone());
-                Ok(Decision::Commit(true))
+                Ok(Decision::Commit(Created::New))
             }))
             .await?;
         let topic = self.remember(name, snap)?;

@@ -54,9 +54,12 @@ pub struct PartitionStats {
     pub oldest_available_age_ms: Option<u64>,
 }
 
-/// What a create found.
-enum Created {
+/// What a create (`PUT`) of a topic or a subscription did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// Made now (201).
     New,
+    /// There already, the same (200).
     Existing,
 }
 
@@ -121,8 +124,8 @@ impl Broker {
         self.remember(name, snap)
     }
 
-    /// Creates a topic. Returns `(true, topic)` when created, `(false, topic)` when it
-    /// already existed with the same settings.
+    /// Creates a topic: [`Created::New`], or [`Created::Existing`] when it already existed
+    /// with the same settings; with the topic.
     ///
     /// Errors: [`BrokerError::InvalidTopic`], [`BrokerError::InvalidSetting`],
     /// [`BrokerError::TopicConflict`] when it exists with other settings.
@@ -130,7 +133,7 @@ impl Broker {
         &self,
         name: &str,
         input: &SettingsInput,
-    ) -> BrokerResult<(bool, Topic)> {
+    ) -> BrokerResult<(Created, Topic)> {
         keys::validate_topic(name)?;
         self.gate.check()?;
         let settings = input.to_new()?;
@@ -170,7 +173,7 @@ impl Broker {
             )
             .await?;
         let topic = self.remember(name, snap)?;
-        Ok((matches!(created, Created::New), topic))
+        Ok((created, topic))
     }
 
     /// Up to `limit` topics that `visible` admits, after the name `after` (empty: from the

@@ -50,11 +50,7 @@ pub(in crate::http) async fn create(
     super::topics::allow_dead_letter(&caller, input.dead_letter_topic.as_deref())?;
     let (created, topic) = s.broker.create_subscription(&name, &sub, &input).await?;
     let view = SubscriptionView::of(&topic, &sub).ok_or(BrokerError::SubscriptionNotFound)?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = super::topics::created_status(created);
     Ok((status, Json(view)).into_response())
 }
 

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use crate::access::Action;
+use crate::broker::Created;
 use crate::error::BrokerError;
 use crate::http::auth::{allow, allow_seeing, Caller};
 use crate::http::extract::{read_body, topic_name, Query};
@@ -60,6 +61,15 @@ pub(super) fn allow_dead_letter(
     }
 }
 
+/// The status of a create (`PUT`): 201 for a new topic or subscription, 200 for the same
+/// one already there.
+pub(super) fn created_status(created: Created) -> StatusCode {
+    match created {
+        Created::New => StatusCode::CREATED,
+        Created::Existing => StatusCode::OK,
+    }
+}
+
 /// The JSON settings body of a create or change.
 async fn read_settings(headers: &HeaderMap, body: Body) -> Result<SettingsInput, ApiError> {
     let body = read_body(headers, body, MAX_SETTINGS_BODY).await?;
@@ -80,11 +90,7 @@ pub(in crate::http) async fn create(
     let input = read_settings(&headers, body).await?;
     allow_dead_letter(&caller, input.dead_letter_topic.as_deref())?;
     let (created, topic) = s.broker.create_topic(&name, &input).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = super::topics::created_status(created);
     Ok((status, Json(TopicView::new(topic, None))).into_response())
 }
 
