@@ -470,6 +470,17 @@ impl Server {
         .unwrap()
     }
 
+    /// `GET /metrics` (with the admin credentials) as text.
+    pub async fn metrics(&self) -> String {
+        self.req(reqwest::Method::GET, "/metrics")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// `GET /v1/topics/{topic}` as JSON.
     pub async fn topic(&self, topic: &str) -> Value {
         let r = self

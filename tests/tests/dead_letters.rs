@@ -63,14 +63,7 @@ async fn poison_messages_move_to_the_dead_letter_topic() {
     assert_eq!(s.ack("orders", &handle(&m), "").await, StatusCode::GONE);
     // Counters are per process: only an in-process server's are exact.
     if narad_tests::external_url().is_none() {
-        let metrics = s
-            .req(reqwest::Method::GET, "/metrics")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = s.metrics().await;
         assert!(metrics.contains("narad_dead_lettered_total 1"), "{metrics}");
     }
 }

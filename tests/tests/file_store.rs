@@ -100,14 +100,7 @@ async fn a_corrupt_manifest_is_reported_as_corrupt_not_unavailable() {
         !v.to_string().contains("manifest.json"),
         "the key goes to the log, not to the client: {v}"
     );
-    let metrics = s
-        .req(Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.metrics().await;
     let seen = narad_tests::metric(&metrics, "narad_corrupt_objects_total").unwrap();
     assert!(seen >= 1.0, "{metrics}");
 }

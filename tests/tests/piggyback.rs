@@ -36,14 +36,7 @@ fn handle(m: &Value) -> String {
 
 /// (commits, conditional writes) the server has made so far.
 async fn writes(s: &Server) -> (f64, f64) {
-    let text = s
-        .req(Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     let puts = text
         .lines()
         .filter(|l| l.starts_with("narad_storage_requests_total{op=\"put_if_"))

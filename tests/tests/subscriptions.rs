@@ -286,14 +286,7 @@ async fn a_subscription_shows_its_own_backlog_per_partition() {
     // `/metrics` shows the subscription's figures as this process's commits left them
     // (per process: only an in-process server's are exact).
     if narad_tests::external_url().is_none() {
-        let metrics = s
-            .req(Method::GET, "/metrics")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = s.metrics().await;
         for line in [
             r#"narad_subscription_backlog_messages{topic="figures",subscription="a"} 2"#,
             r#"narad_subscription_in_flight_messages{topic="figures",subscription="a"} 1"#,

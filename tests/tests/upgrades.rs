@@ -103,14 +103,7 @@ async fn a_newer_manifest_is_answered_upgrade_required_and_never_rewritten() {
         objects,
         "gc and repair deleted and wrote nothing of the partition"
     );
-    let text = s
-        .req(Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     let seen = narad_tests::metric(&text, "narad_upgrade_required_total").unwrap();
     assert!(seen >= 4.0, "every refusal is counted: {seen}");
 }
