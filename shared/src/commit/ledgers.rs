@@ -61,36 +61,38 @@ fn needs_log(
         || subscription::needs_newer_log(ops, state, log, now_ms)
 }
 
-/// What `known` (after a batch) tells waiting consumes at `now`: see [`Quiet`].
-fn quiet(known: &Known, rules: &Rules, now: u64) -> Option<Quiet> {
-    let (Some(ledger), Some((log, _))) = (&known.ledger, &known.log) else {
-        return None;
-    };
-    let mut state = ledger.value.clone();
-    state.catch_up(&log.value);
-    Some(Quiet {
-        log: log.etag.clone(),
-        until: lease::quiet_until(&state.over(&log.value), now, rules, &known.keys),
-        at: Instant::now(),
-    })
-}
-
-/// What `known` (after a batch) shows at `now`: see [`Figures`].
-fn figures(known: &Known, now: u64) -> Option<Figures> {
+/// What a batch that succeeded leaves beside `known` at `now`: its [`Figures`], and, when
+/// a lease request in it got less than it asked for (`drained`), its [`Quiet`]. No copy
+/// of the ledger: a batch leaves it caught up with the log it used (`apply` catches up
+/// first, and a batch that kept the ledger as it was found nothing to catch up).
+fn note_batch(known: &mut Known, drained: bool, rules: &Rules, now: u64) {
     use crate::partition::Ledger;
-    let (Some(ledger), Some((log, _))) = (&known.ledger, &known.log) else {
-        return None;
+    let Known {
+        log: Some((log, _)),
+        ledger: Some(ledger),
+        keys,
+        quiet,
+        figures,
+        ..
+    } = known
+    else {
+        return;
     };
-    let mut state = ledger.value.clone();
-    state.catch_up(&log.value);
-    let lost = state.lost;
-    let view = state.over(&log.value);
-    Some(Figures {
+    let lost = ledger.value.lost;
+    let view = ledger.value.over(&log.value);
+    *figures = Some(Figures {
         available: view.available_count(now),
         in_flight: view.in_flight(now) as u64,
         delayed: view.delayed_count(now),
         lost,
-    })
+    });
+    if drained {
+        *quiet = Some(Quiet {
+            log: log.etag.clone(),
+            until: lease::quiet_until(&view, now, rules, keys),
+            at: Instant::now(),
+        });
+    }
 }
 
 /// One rule set per batch: the newest operation's (they differ only across a settings
@@ -241,6 +243,13 @@ pub struct LedgerSummary {
     pub figures: Figures,
 }
 
+impl QueueState {
+    /// Operations queued, or a batch running.
+    fn busy(&self) -> bool {
+        self.running || !self.pending.is_empty()
+    }
+}
+
 /// What a queue knows between batches.
 #[derive(Default)]
 struct Known {
@@ -386,12 +395,19 @@ impl Committer {
         (name, sub): (&str, &SubscriptionRecord),
         partition: u32,
     ) -> bool {
+        self.ledger_queue(topic, (name, sub), partition)
+            .is_some_and(|q| lock(&q.state).busy())
+    }
+
+    /// This process's queue of the subscription `sub`'s ledger of `partition`, if any.
+    fn ledger_queue(
+        &self,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+    ) -> Option<Arc<LedgerQueue>> {
         let key = LedgerKey::new(topic, (name, sub), partition);
-        let Some(queue) = lock(&self.ledgers.queues).get(&key).cloned() else {
-            return false;
-        };
-        let st = lock(&queue.state);
-        st.running || !st.pending.is_empty()
+        lock(&self.ledgers.queues).get(&key).cloned()
     }
 
     /// What a waiting consume of the subscription `sub` may know of `partition` without a
@@ -406,8 +422,7 @@ impl Committer {
         (name, sub): (&str, &SubscriptionRecord),
         partition: u32,
     ) -> Peek {
-        let key = LedgerKey::new(topic, (name, sub), partition);
-        let Some(queue) = lock(&self.ledgers.queues).get(&key).cloned() else {
+        let Some(queue) = self.ledger_queue(topic, (name, sub), partition) else {
             return Peek::Unknown;
         };
         let (quiet, renewing) = {
@@ -415,7 +430,7 @@ impl Committer {
             let Some(quiet) = st.quiet.clone() else {
                 return Peek::Unknown;
             };
-            (quiet, st.running || !st.pending.is_empty())
+            (quiet, st.busy())
         };
         let left = match LEDGER_MAX_AGE.checked_sub(quiet.at.elapsed()) {
             Some(left) if !left.is_zero() => left,
@@ -631,10 +646,7 @@ impl Committer {
             matches!((op, out), (LedgerOp::Lease { max, .. }, LedgerOutcome::Leased(l))
                 if l.grants.len() + l.dead.len() < *max)
         });
-        if drained {
-            known.quiet = quiet(&known, &rules, now);
-        }
-        known.figures = figures(&known, now);
+        note_batch(&mut known, drained, &rules, now);
         for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
             tx.answer(out, &layout);
         }
