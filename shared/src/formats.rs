@@ -20,6 +20,7 @@
 /// | 3 | intents (settles and lease requests any process commits, `…-i{op}` under `segments/`) and manifest format 6 (`decided`, `decided_floor`) |
 /// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so a combinable segment's write need not confirm the topic record first |
 /// | 5 | subscriptions: `subscriptions` in topic records, their ledgers `topics/{t}/subs/{s}/{id}/{p}.json`, receipt handles `v2` (they name the subscription) |
+/// | 6 | intents of subscriptions' ledgers (`topics/{t}/subs/{s}/{id}/{p}/{id}`) and ledger format 2 (`combined_through`, `decided`, `decided_floor`) |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -30,7 +31,7 @@ impl Level {
     /// The formats of every build before the gate: a store without a fleet record.
     pub const BEFORE_GATE: Level = Level(1);
     /// The highest level this build runs at.
-    pub const NEWEST: Level = Level(5);
+    pub const NEWEST: Level = Level(6);
 
     /// True when segments may be written compressed (`NSG3`).
     pub fn compresses_segments(self) -> bool {
@@ -53,6 +54,13 @@ impl Level {
     /// this level serves them (an older one would refuse their consumes and handles).
     pub fn has_subscriptions(self) -> bool {
         self >= Level(5)
+    }
+
+    /// True when settles and lease requests of a subscription may be written as intents
+    /// under its ledger's prefix, and its ledgers may record their outcomes (format 2;
+    /// [`crate::partition::subscription::apply_landing`]).
+    pub fn combines_ledgers(self) -> bool {
+        self >= Level(6)
     }
 }
 

@@ -109,15 +109,37 @@ pub fn subscription_ledger(topic: &str, subscription: &str, id: &str, partition:
     format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/{id}/{partition}.json")
 }
 
-/// The (subscription, id) whose ledger `key` is, if it is one under `topic`.
-pub fn subscription_of_ledger<'a>(topic: &str, key: &'a str) -> Option<(&'a str, &'a str)> {
+/// `topics/{topic}/subs/{subscription}/{id}/{partition}/`: the intents of a subscription's
+/// ledger on one partition ([`crate::partition::intent`]).
+pub fn ledger_intents(topic: &str, subscription: &str, id: &str, partition: u32) -> String {
+    format!("{TOPICS_PREFIX}{topic}/subs/{subscription}/{id}/{partition}/")
+}
+
+/// An object of one creation of a subscription, as its key names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriptionObject<'a> {
+    /// The subscription's name.
+    pub name: &'a str,
+    /// The creation's id.
+    pub id: &'a str,
+    /// The intent's id, for an intent of one of its ledgers; `None` for a ledger.
+    pub intent: Option<&'a str>,
+}
+
+/// What `key` is, if it is a subscription's ledger or ledger intent under `topic`.
+pub fn subscription_object<'a>(topic: &str, key: &'a str) -> Option<SubscriptionObject<'a>> {
     let rest = key
         .strip_prefix(TOPICS_PREFIX)?
         .strip_prefix(topic)?
         .strip_prefix("/subs/")?;
     let mut parts = rest.split('/');
     let (name, id, file) = (parts.next()?, parts.next()?, parts.next()?);
-    (parts.next().is_none() && file.ends_with(".json")).then_some((name, id))
+    let intent = match (parts.next(), parts.next()) {
+        (None, None) if file.ends_with(".json") => None,
+        (Some(intent), None) if !intent.is_empty() => Some(intent),
+        _ => return None,
+    };
+    Some(SubscriptionObject { name, id, intent })
 }
 
 /// `topics/{topic}/{partition}/segments/{id}`.
@@ -253,6 +275,40 @@ mod tests {
             "a%2F",
         ] {
             assert!(validate_topic(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_subscriptions_ledgers_and_their_intents_are_told_apart() {
+        let ledger = subscription_ledger("t", "s", "id1", 3);
+        let intent = format!(
+            "{}1700000000000-abc-ia1.2",
+            ledger_intents("t", "s", "id1", 3)
+        );
+        fn of(k: &str) -> Option<SubscriptionObject<'_>> {
+            subscription_object("t", k)
+        }
+        assert_eq!(
+            of(&ledger),
+            Some(SubscriptionObject {
+                name: "s",
+                id: "id1",
+                intent: None
+            })
+        );
+        assert_eq!(
+            of(&intent).and_then(|o| o.intent),
+            Some("1700000000000-abc-ia1.2")
+        );
+        assert_eq!(of(&ledger).map(|o| o.id), of(&intent).map(|o| o.id));
+        for other in [
+            "topics/t/subs/s/id1/3",
+            "topics/t/subs/s/id1/3/",
+            "topics/t/subs/s/id1/3/x/y",
+            "topics/t/0/manifest.json",
+            "topics/u/subs/s/id1/3.json",
+        ] {
+            assert_eq!(of(other), None, "{other}");
         }
     }
 }

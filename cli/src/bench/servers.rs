@@ -91,10 +91,13 @@ fn parse_metrics(text: &str) -> Snapshot {
             ) {
                 s.counts.0[i][j] = v as u64;
             }
-        } else if name == "narad_commits_total" {
-            s.commits = v;
-        } else if name == "narad_committed_operations_total" {
-            s.committed_ops = v;
+        } else if name == "narad_commits_total" || name == "narad_ledger_commits_total" {
+            // A subscription's consumes and acks write its ledger, not the manifest.
+            s.commits += v;
+        } else if name == "narad_committed_operations_total"
+            || name == "narad_ledger_committed_operations_total"
+        {
+            s.committed_ops += v;
         } else if name == "narad_combined_by_others_total" {
             s.by_others = v;
         } else if name == "narad_combining_rewrites_total" {

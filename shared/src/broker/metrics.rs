@@ -58,6 +58,18 @@ impl Broker {
                 ops as f64,
             ),
             (
+                "narad_ledger_commits_total",
+                "counter",
+                "Subscriptions' ledger writes that landed.",
+                s.ledger_commits.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_ledger_committed_operations_total",
+                "counter",
+                "Operations carried by those writes (other processes' intents among them).",
+                s.ledger_committed_ops.load(Ordering::Relaxed) as f64,
+            ),
+            (
                 "narad_commit_batches_total",
                 "counter",
                 "Group-commit batches processed.",

@@ -383,7 +383,7 @@ impl Committer {
         // leases of other processes' intents).
         let contended = {
             let mut st = lock(&q.state);
-            st.role.took_batch(batch.rules, topic.etag.clone());
+            st.role.took_batch((batch.rules, topic.etag.clone()));
             st.role.contended(Instant::now())
         };
         let held = cache.as_ref().map(|s| &s.value);

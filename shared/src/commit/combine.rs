@@ -45,7 +45,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::Status;
-use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
+use crate::partition::intent::{self, Ask, Decides, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
 
@@ -86,7 +86,7 @@ pub(super) enum Head {
 /// What a waiting writer's batch holds, which decides how soon it reads the manifest
 /// first ([`poll_after`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Holds {
+pub(super) enum Holds {
     /// A combinable segment (with or without intents).
     Produces,
     /// Intents only: settles and lease requests.
@@ -120,7 +120,7 @@ impl Holds {
 ///   0.03, 67 msg/s instead of 76).
 ///
 /// Then one round trip, the committer's cycle.
-fn poll_after(round_trip: Duration, first: bool, holds: Holds) -> Duration {
+pub(super) fn poll_after(round_trip: Duration, first: bool, holds: Holds) -> Duration {
     let d = match (first, holds) {
         (false, _) => round_trip,
         (true, Holds::IntentsOnly) => round_trip * 5 / 4,
@@ -450,7 +450,7 @@ pub(super) fn step(fate: Fate, unchanged: bool) -> Step {
 
 /// Whether `found` holds another process's pending write older than every one of `own`
 /// and written within [`ABANDON_MS`] of `now`: its writer takes over first.
-fn older_pending(found: &Listed, own: &Own, now: u64) -> bool {
+pub(super) fn older_pending(found: &Listed, own: &Own, now: u64) -> bool {
     let oldest_own = own
         .segment
         .iter()

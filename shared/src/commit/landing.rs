@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::listing::{Listed, AHEAD_FOR};
 use super::{Committer, Queue};
-use crate::partition::intent::{self, Ask, Intent, Status as IntentStatus};
+use crate::partition::intent::{self, Ask, Decides, Intent, Status as IntentStatus};
 use crate::partition::{Manifest, SegmentRef};
 
 /// Where a batch's own writes stand at the start of one attempt.

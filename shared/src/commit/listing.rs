@@ -11,7 +11,7 @@ use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::keys;
 use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::index::{Entries, Index, IndexRef};
-use crate::partition::intent::{self, Intent, Status as IntentStatus};
+use crate::partition::intent::{self, Decides, Intent, Status as IntentStatus};
 use crate::partition::{Manifest, SegmentRef};
 
 /// Index objects read to find a segment the manifest no longer remembers.

@@ -244,6 +244,10 @@ pub struct CommitStats {
     pub intents: AtomicU64,
     /// Intents of this process another process's commit applied.
     pub intents_by_others: AtomicU64,
+    /// Subscriptions' ledger writes that landed.
+    pub ledger_commits: AtomicU64,
+    /// Operations carried by those writes (intents landed among them).
+    pub ledger_committed_ops: AtomicU64,
 }
 
 /// The per-process group committer. Shared behind an `Arc`.

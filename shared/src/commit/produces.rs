@@ -14,6 +14,7 @@ use crate::error::BrokerError;
 use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::{self, Combinable, Status};
+use crate::partition::intent::Decides;
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
 

@@ -85,9 +85,11 @@ pub(super) enum Idle {
     Stop,
 }
 
-/// This process's role on one partition (see the module documentation).
-#[derive(Debug, Default)]
-pub(super) struct Role {
+/// This process's role on one partition (see the module documentation); `W` is what
+/// its sweeps commit under: the rules and topic ETag of the last batch for a manifest,
+/// the rules for a subscription's ledger.
+#[derive(Debug)]
+pub(super) struct Role<W = (Rules, ETag)> {
     /// Until when the partition counts as contended.
     contended_until: Option<Instant>,
     /// Whether the last commit found the cached snapshot out of date: the next one
@@ -99,8 +101,8 @@ pub(super) struct Role {
     sweeps: u32,
     /// Sweeps in a row that found nothing pending.
     idle_sweeps: u32,
-    /// The rules and topic ETag sweeps commit under (those of the last batch).
-    sweep_with: Option<(Rules, ETag)>,
+    /// What sweeps commit under (the last batch's).
+    sweep_with: Option<W>,
     /// Commits in a row of a run that may look ([`LOOK_AFTER`]), and when the last ended.
     run: u32,
     last_commit: Option<Instant>,
@@ -108,7 +110,23 @@ pub(super) struct Role {
     looked_at: Option<Instant>,
 }
 
-impl Role {
+impl<W> Default for Role<W> {
+    fn default() -> Self {
+        Self {
+            contended_until: None,
+            stale_cache: false,
+            sweeping: false,
+            sweeps: 0,
+            idle_sweeps: 0,
+            sweep_with: None,
+            run: 0,
+            last_commit: None,
+            looked_at: None,
+        }
+    }
+}
+
+impl<W: Clone> Role<W> {
     /// Whether the partition counts as contended at `now`.
     pub fn contended(&self, now: Instant) -> bool {
         self.contended_until.is_some_and(|t| now < t)
@@ -137,15 +155,15 @@ impl Role {
         self.stale_cache
     }
 
-    /// A batch of queued operations was taken, to commit under `rules` for a topic whose
-    /// record had ETag `topic_etag`: sweeps after it commit the same way.
-    pub fn took_batch(&mut self, rules: Rules, topic_etag: ETag) {
+    /// A batch of queued operations was taken, to commit under `with` (the rules, and
+    /// for a manifest the ETag of the topic record): sweeps after it commit the same way.
+    pub fn took_batch(&mut self, with: W) {
         self.sweeps = 0;
-        self.sweep_with = Some((rules, topic_etag));
+        self.sweep_with = Some(with);
     }
 
-    /// The rules and topic ETag a sweep commits under; `None` before any batch.
-    pub fn sweep_with(&self) -> Option<(Rules, ETag)> {
+    /// What a sweep commits under; `None` before any batch.
+    pub fn sweep_with(&self) -> Option<W> {
         self.sweep_with.clone()
     }
 
@@ -235,7 +253,7 @@ mod tests {
     #[test]
     fn contention_lasts_for_a_while_after_its_last_sign() {
         let t0 = Instant::now();
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         assert!(!r.contended(t0));
         r.mark_contended(t0);
         assert!(r.contended(t0 + CONTENDED_FOR / 2));
@@ -245,14 +263,14 @@ mod tests {
     #[test]
     fn a_stale_cache_alone_is_not_a_race() {
         let t0 = Instant::now();
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         // One conflict on an unconfirmed cache: stale, confirm next time, not contended.
         r.committed(tried(2, false, true), t0);
         assert!(r.confirm_cache_first() && !r.contended(t0));
         // A conflict after confirming it: another writer.
         r.committed(tried(2, true, true), t0);
         assert!(r.contended(t0));
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         r.committed(tried(3, false, true), t0);
         assert!(r.contended(t0));
         r.committed(tried(1, true, true), t0);
@@ -271,7 +289,7 @@ mod tests {
     #[test]
     fn a_committer_sweeps_until_idle_or_spent_and_a_lost_sweep_stops_it() {
         let t0 = Instant::now();
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         assert_eq!(r.idle(), Idle::Stop, "not the committer: nothing to sweep");
         r.become_committer();
         for _ in 0..=IDLE_SWEEPS {
@@ -311,7 +329,7 @@ mod tests {
     fn a_process_that_commits_back_to_back_looks_now_and_then() {
         let t0 = Instant::now();
         let step = LOOK_GAP / 2;
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         let mut t = t0;
         for _ in 0..LOOK_AFTER - 1 {
             t += step;
@@ -328,7 +346,7 @@ mod tests {
         assert!(r.contended(t + LOOK_EVERY));
         // Confirmed first and found changed (another writer between two of its commits)
         // still counts: a winner alternating a confirmation and a write looks too.
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         let changed = Attempts {
             tries: 1,
             confirmed: Confirmed::Changed,
@@ -340,7 +358,7 @@ mod tests {
         }
         assert!(r.look_due(t));
         // A lone client rotating over processes reaches each only now and then: no run.
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         for _ in 0..LOOK_AFTER * 4 {
             t += LOOK_GAP * 3;
             r.committed(changed, t);
@@ -350,14 +368,14 @@ mod tests {
 
     #[test]
     fn a_batch_restarts_the_sweep_count_and_sets_what_sweeps_commit_under() {
-        let mut r = Role::default();
+        let mut r: Role = Role::default();
         assert!(r.sweep_with().is_none());
         r.become_committer();
         for _ in 0..MAX_SWEEPS {
             r.idle();
         }
         let rules = Rules::from(&crate::settings::TopicSettings::default());
-        r.took_batch(rules, ETag::new("e1"));
+        r.took_batch((rules, ETag::new("e1")));
         assert_eq!(r.idle(), Idle::Sweep);
         assert_eq!(r.sweep_with().map(|(_, e)| e), Some(ETag::new("e1")));
     }

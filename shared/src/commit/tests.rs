@@ -17,7 +17,7 @@ use crate::formats::Level;
 use crate::gate::FleetLevel;
 use crate::keys;
 use crate::partition::combine::{self, Combinable};
-use crate::partition::intent::Intent;
+use crate::partition::intent::{Decides, Intent};
 use crate::partition::produce::NewStored;
 use crate::partition::{Manifest, Settle};
 use crate::segment::StoredMessage;

@@ -80,6 +80,10 @@ pub struct GcReport {
     /// Ledgers of deleted subscriptions (an interrupted delete's, or a commit's that
     /// landed after it), deleted.
     pub subscription_ledgers_deleted: u64,
+    /// Intents of subscriptions' ledgers older than the grace period (decided, or never
+    /// to land: a commit lands none older than 5 minutes) or of deleted subscriptions,
+    /// deleted.
+    pub ledger_intents_deleted: u64,
 }
 
 /// One pass's settings.
@@ -128,18 +132,33 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
         };
         report.topics += 1;
         // Ledgers of subscriptions the topic no longer has (listed before the topic was
-        // read: a subscription created since has no ledger in the listing).
+        // read: a subscription created since has no ledger in the listing), and ledger
+        // intents past the grace period.
+        let now = broker.clock().now_ms();
         for k in &objects {
-            let Some((sub, id)) = keys::subscription_of_ledger(name, k) else {
+            let Some(o) = keys::subscription_object(name, k) else {
                 continue;
             };
-            if topic.subscription(sub).is_some_and(|r| r.id == id) {
-                continue;
-            }
+            let live = topic.subscription(o.name).is_some_and(|r| r.id == o.id);
+            let counter = match o.intent {
+                None if live => continue,
+                None => &mut report.subscription_ledgers_deleted,
+                Some(id) => {
+                    // Ids without a time (written by something else) are left alone.
+                    let Some(written) = keys::segment_time(id) else {
+                        continue;
+                    };
+                    let old = now.saturating_sub(written) > grace.as_millis() as u64;
+                    if live && !old {
+                        continue;
+                    }
+                    &mut report.ledger_intents_deleted
+                }
+            };
             if !dry_run {
                 broker.store().delete(k).await?;
             }
-            report.subscription_ledgers_deleted += 1;
+            *counter += 1;
         }
         for p in 0..topic.settings.partitions {
             report.partitions += 1;

@@ -29,11 +29,53 @@
 //! An intent is applied at most once, because only ids above `combined_through` are
 //! applied and applying raises it past them.
 
+use std::collections::VecDeque;
+
 use serde::{Deserialize, Serialize};
 
 use super::lease::{Grant, Leased};
+use super::ledger::Ledger;
 use super::settle::{Refused, Settle};
 use super::Manifest;
+
+/// A state that decides intents: the partition's manifest (the default subscription's,
+/// intents under `segments/`) or a subscription's ledger (intents under the ledger's own
+/// prefix, [`super::subscription`]). Both keep the same three fields, and [`status`] and
+/// [`record`] read and write them the same way.
+pub trait Decides {
+    /// Every intent id at or below it is decided.
+    fn combined_through(&self) -> &str;
+    /// The highest id that left [`Decides::decided`].
+    fn decided_floor(&self) -> &str;
+    /// The last intents applied, with what each got, oldest first.
+    fn decided(&self) -> &VecDeque<(String, Outcome)>;
+    /// The decided list and its floor, to record in.
+    fn decisions_mut(&mut self) -> (&mut VecDeque<(String, Outcome)>, &mut String);
+
+    /// What a new intent's id must sort above ([`super::combine::stem`]):
+    /// `combined_through`, or `decided_floor` where that is higher.
+    fn ids_above(&self) -> &str {
+        self.combined_through().max(self.decided_floor())
+    }
+}
+
+impl Decides for Manifest {
+    fn combined_through(&self) -> &str {
+        &self.combined_through
+    }
+
+    fn decided_floor(&self) -> &str {
+        &self.decided_floor
+    }
+
+    fn decided(&self) -> &VecDeque<(String, Outcome)> {
+        &self.decided
+    }
+
+    fn decisions_mut(&mut self) -> (&mut VecDeque<(String, Outcome)>, &mut String) {
+        (&mut self.decided, &mut self.decided_floor)
+    }
+}
 
 /// How many decided intents a manifest remembers.
 pub const DECIDED_KEEP: usize = 96;
@@ -254,7 +296,7 @@ impl Outcome {
 /// holds live. Those go the ordinary way, whose refusal writes nothing and is confirmed
 /// with a conditional GET, so an idle poll or a stale handle costs no intent, and no
 /// manifest write that would wake every other process's idle watch.
-pub fn worth_writing(m: &Manifest, now: u64, rules: &super::Rules, ask: Ask) -> bool {
+pub fn worth_writing(m: &impl Ledger, now: u64, rules: &super::Rules, ask: Ask) -> bool {
     match ask {
         Ask::Lease { .. } => {
             m.available_count(now) > 0 && m.in_flight(now) < rules.max_in_flight as usize
@@ -262,8 +304,8 @@ pub fn worth_writing(m: &Manifest, now: u64, rules: &super::Rules, ask: Ask) -> 
         Ask::Settle {
             offset, lease_id, ..
         } => {
-            m.version < lease_id
-                || m.leases
+            m.lease_id() < lease_id
+                || m.leases()
                     .get(&offset)
                     .is_some_and(|l| l.lease_id == lease_id && l.deadline_ms > now)
         }
@@ -284,15 +326,16 @@ pub enum Status {
 }
 
 /// The fate of the intent `id` in `m`.
-pub fn status(m: &Manifest, id: &str) -> Status {
+pub fn status(m: &impl Decides, id: &str) -> Status {
     let k = key(id);
-    if let Some((_, o)) = m.decided.iter().find(|(i, _)| *i == k) {
+    if let Some((_, o)) = m.decided().iter().find(|(i, _)| *i == k) {
         return Status::Decided(o.clone());
     }
-    if !m.decided_floor.is_empty() && id <= m.decided_floor.as_str() {
+    let floor = m.decided_floor();
+    if !floor.is_empty() && id <= floor {
         return Status::Unknown;
     }
-    if id <= m.combined_through.as_str() {
+    if id <= m.combined_through() {
         return Status::Dead;
     }
     Status::Pending
@@ -304,13 +347,14 @@ pub fn status(m: &Manifest, id: &str) -> Status {
 /// safe: such an intent, if it never landed, is answered 503 (outcome unknown) instead
 /// of being written again, and is never applied. The caller raises `combined_through`
 /// past `id`.
-pub fn record(m: &mut Manifest, id: &str, outcome: Outcome) {
-    m.decided.push_back((key(id), outcome));
-    while m.decided.len() > DECIDED_KEEP {
-        if let Some((gone, _)) = m.decided.pop_front() {
+pub fn record(m: &mut impl Decides, id: &str, outcome: Outcome) {
+    let (decided, decided_floor) = m.decisions_mut();
+    decided.push_back((key(id), outcome));
+    while decided.len() > DECIDED_KEEP {
+        if let Some((gone, _)) = decided.pop_front() {
             let floor = floor_of(&gone);
-            if floor > m.decided_floor {
-                m.decided_floor = floor;
+            if floor > *decided_floor {
+                *decided_floor = floor;
             }
         }
     }

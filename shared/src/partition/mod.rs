@@ -337,15 +337,6 @@ impl Manifest {
         hot_segment(&self.segments, offset)
     }
 
-    /// What a new combinable segment's or intent's id must sort above to be pending here
-    /// ([`combine::stem`]): `combined_through`, or `decided_floor` where that is higher
-    /// (it covers a whole millisecond).
-    pub fn ids_above(&self) -> &str {
-        self.combined_through
-            .as_str()
-            .max(self.decided_floor.as_str())
-    }
-
     /// Where this state's retained offsets are.
     pub fn layout(&self) -> Layout {
         Layout {

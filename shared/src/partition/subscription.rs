@@ -21,14 +21,20 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::intent::{self, Ask, Decides, Intent, Outcome};
 use super::lease::{self, Cursor, Keys, Leased};
 use super::ledger::{Ledger, LedgerMut};
 use super::settle::{self, Refused, Settle};
 use super::{Delayed, Lease, Manifest, Rules, RECENT_WRITES};
 use crate::cas::{Invalid, Stored};
 
-/// The newest subscription state format this build reads and writes.
-pub const STATE_FORMAT: u32 = 1;
+/// The newest subscription state format this build reads and writes: 2 adds
+/// `combined_through`, `decided` and `decided_floor` (intents, fleet level 6), and is
+/// written only while they hold something.
+pub const STATE_FORMAT: u32 = 2;
+
+/// The format written while no intent was ever landed in the ledger.
+const FORMAT_WITHOUT_INTENTS: u32 = 1;
 
 /// Which creation of a subscription a state belongs to, and where it starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +66,34 @@ pub struct SubscriptionState {
     /// Messages retention removed before this subscription settled them.
     #[serde(default)]
     pub lost: u64,
+    /// Intent ids at or below this are decided (format 2; absent when none,
+    /// [`intent`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub combined_through: String,
+    /// The last intents landed, with what each got, oldest first (format 2).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub decided: VecDeque<(String, Outcome)>,
+    /// The highest intent id that left `decided` (format 2).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub decided_floor: String,
+}
+
+impl Decides for SubscriptionState {
+    fn combined_through(&self) -> &str {
+        &self.combined_through
+    }
+
+    fn decided_floor(&self) -> &str {
+        &self.decided_floor
+    }
+
+    fn decided(&self) -> &VecDeque<(String, Outcome)> {
+        &self.decided
+    }
+
+    fn decisions_mut(&mut self) -> (&mut VecDeque<(String, Outcome)>, &mut String) {
+        (&mut self.decided, &mut self.decided_floor)
+    }
 }
 
 impl SubscriptionState {
@@ -74,7 +108,17 @@ impl SubscriptionState {
             leases: BTreeMap::new(),
             acked_ahead: BTreeSet::new(),
             lost: 0,
+            combined_through: String::new(),
+            decided: VecDeque::new(),
+            decided_floor: String::new(),
         }
+    }
+
+    /// Whether the fields of format 2 hold anything.
+    fn has_intents(&self) -> bool {
+        !self.combined_through.is_empty()
+            || !self.decided.is_empty()
+            || !self.decided_floor.is_empty()
     }
 
     /// Moves the frontier to the log's oldest retained offset when retention removed
@@ -249,6 +293,73 @@ pub fn apply(
     (outcomes, cursor.wants_key)
 }
 
+/// The operation an intent of a subscription's ledger asks for.
+pub fn op_of(ask: Ask) -> LedgerOp {
+    match ask {
+        Ask::Settle {
+            offset,
+            lease_id,
+            action,
+        } => LedgerOp::Settle {
+            offset,
+            lease_id,
+            action,
+        },
+        Ask::Lease { max, max_bytes } => LedgerOp::Lease {
+            max: max as usize,
+            max_bytes,
+        },
+    }
+}
+
+/// As [`apply`], landing beside the batch's own `ops` every intent of `intents` still
+/// pending in `state` ([`intent::status`]: listed ones another commit decided meanwhile
+/// are left out), in id order: their settles after the batch's own settles, their lease
+/// requests after its own leases. Each one's outcome is recorded ([`intent::record`]) and
+/// `combined_through` rises to the newest, so each lands at most once. Returns the own
+/// operations' outcomes, the key [`apply`] wants, and how many intents landed.
+pub fn apply_landing(
+    state: &mut SubscriptionState,
+    log: &Manifest,
+    now: u64,
+    rules: &Rules,
+    (ops, keys): (&[LedgerOp], &Keys),
+    intents: &[Intent],
+) -> (Vec<LedgerOutcome>, Option<u64>, usize) {
+    // Decided by the state the batch starts from.
+    let mut pending: Vec<&Intent> = intents
+        .iter()
+        .filter(|i| intent::status(state, &i.id) == intent::Status::Pending)
+        .collect();
+    pending.sort_by(|a, b| a.id.cmp(&b.id));
+    pending.dedup_by(|a, b| a.id == b.id);
+    if pending.is_empty() {
+        let (out, wants) = apply(state, log, now, rules, (ops, keys));
+        return (out, wants, 0);
+    }
+    let all: Vec<LedgerOp> = ops
+        .iter()
+        .copied()
+        .chain(pending.iter().map(|i| op_of(i.ask)))
+        .collect();
+    let (mut out, wants) = apply(state, log, now, rules, (&all, keys));
+    let theirs = out.split_off(ops.len());
+    for (i, got) in pending.iter().zip(theirs) {
+        let outcome = match got {
+            LedgerOutcome::Leased(l) => Outcome::leased(state.version, &l),
+            LedgerOutcome::Settled(r) => Outcome::settled(r),
+            LedgerOutcome::Purged(_) => Outcome::Gone,
+        };
+        intent::record(state, &i.id, outcome);
+    }
+    if let Some(newest) = pending.last() {
+        if newest.id > state.combined_through {
+            state.combined_through.clone_from(&newest.id);
+        }
+    }
+    (out, wants, pending.len())
+}
+
 /// A subscription's state read together with the partition's log.
 pub struct Subscribed<'a> {
     state: &'a mut SubscriptionState,
@@ -337,7 +448,11 @@ impl Stored for SubscriptionState {
     }
 
     fn stamp(&mut self, write_id: &str) -> bool {
-        self.format = STATE_FORMAT;
+        self.format = if self.has_intents() {
+            STATE_FORMAT
+        } else {
+            FORMAT_WITHOUT_INTENTS
+        };
         self.recent_writes
             .push_back(crate::formats::stamp_write(write_id));
         while self.recent_writes.len() > RECENT_WRITES {
@@ -528,7 +643,7 @@ mod tests {
 
     #[test]
     fn a_newer_format_is_newer_not_corrupt() {
-        let json = br#"{"format":2,"layout":"something else"}"#;
+        let json = br#"{"format":3,"layout":"something else"}"#;
         assert!(matches!(
             SubscriptionState::decode(json, &origin("a", 0)),
             Err(Invalid::Newer(_))
@@ -590,5 +705,100 @@ mod tests {
         assert!(needs_newer_log(&[cancel(3)], Some(&s), &log, 50));
         assert!(needs_newer_log(&[cancel(3)], None, &log, 50));
         assert!(needs_newer_log(&[LedgerOp::Purge], None, &log, 50));
+    }
+
+    fn intent_at(t: u64, u: &str, ask: Ask) -> Intent {
+        Intent::parse(&Intent::id(t, "", u, ask)).unwrap()
+    }
+
+    fn ack_ask(offset: u64, lease_id: u64) -> Ask {
+        Ask::Settle {
+            offset,
+            lease_id,
+            action: Settle::Ack,
+        }
+    }
+
+    #[test]
+    fn intents_land_once_in_id_order_after_the_batchs_own_operations() {
+        let log = manifest_with(4);
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        s.version = 3;
+        let one = LedgerOp::Lease {
+            max: 1,
+            max_bytes: u64::MAX,
+        };
+        apply(&mut s, &log, 10, &rules(), (&[one], &Keys::default()));
+        assert_eq!(s.leases.keys().copied().collect::<Vec<_>>(), vec![0]);
+        s.version = 4;
+        let lease = intent_at(
+            20,
+            "b",
+            Ask::Lease {
+                max: 2,
+                max_bytes: u64::MAX,
+            },
+        );
+        let ack = intent_at(30, "c", ack_ask(0, 3));
+        let stale = intent_at(25, "d", ack_ask(3, 1));
+        // The batch's own lease comes first; the lease intent after it, in id order.
+        let listed = [ack.clone(), lease.clone(), stale.clone(), ack.clone()];
+        let (own, _, landed) = apply_landing(
+            &mut s,
+            &log,
+            40,
+            &rules(),
+            (&[one], &Keys::default()),
+            &listed,
+        );
+        assert_eq!(landed, 3, "the duplicate listing lands once");
+        assert!(matches!(&own[0], LedgerOutcome::Leased(l) if l.grants[0].offset == 1));
+        assert_eq!(
+            intent::status(&s, &ack.id),
+            intent::Status::Decided(Outcome::Done)
+        );
+        assert_eq!(
+            intent::status(&s, &stale.id),
+            intent::Status::Decided(Outcome::Gone)
+        );
+        let want = Outcome::Leased {
+            v: 4,
+            g: vec![(2, 1), (3, 1)],
+            d: vec![],
+        };
+        assert_eq!(intent::status(&s, &lease.id), intent::Status::Decided(want));
+        assert_eq!(s.combined_through, ack.id);
+        assert_eq!(s.frontier, 1, "the intent's ack settled offset 0");
+        // Landed again against the state they left: nothing changes.
+        let before = s.clone();
+        let (_, _, again) =
+            apply_landing(&mut s, &log, 50, &rules(), (&[], &Keys::default()), &listed);
+        assert_eq!((again, &s), (0, &before));
+        // Passed over: an id at or below `combined_through` never lands.
+        let late = intent_at(21, "e", ack_ask(1, 4));
+        assert_eq!(intent::status(&s, &late.id), intent::Status::Dead);
+    }
+
+    #[test]
+    fn a_ledger_is_written_in_format_2_only_once_it_decided_an_intent() {
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        s.stamp("w1");
+        assert_eq!(s.format, 1);
+        let text = String::from_utf8(s.encode().unwrap().to_vec()).unwrap();
+        assert!(!text.contains("combined_through"), "{text}");
+        let log = manifest_with(1);
+        let i = intent_at(
+            5,
+            "x",
+            Ask::Lease {
+                max: 1,
+                max_bytes: 1,
+            },
+        );
+        apply_landing(&mut s, &log, 10, &rules(), (&[], &Keys::default()), &[i]);
+        s.stamp("w2");
+        assert_eq!(s.format, 2);
+        let back = SubscriptionState::decode(&s.encode().unwrap(), &origin("a", 0)).unwrap();
+        assert_eq!(back, s);
     }
 }

@@ -14,7 +14,10 @@
 //! As with the partition's own queue, an operation once queued is committed even if its
 //! caller goes away (a lease granted to a vanished caller lapses).
 
+mod combine;
+
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,15 +25,18 @@ use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
+use super::role::{Attempts, Confirmed, Idle, Role};
 use super::{answer, lock, Committer, LeaseAnswer, Peek};
 use crate::cas::{Cell, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
+use crate::partition::intent::Intent;
 use crate::partition::lease::{self, Keys};
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, Origin, SubscriptionState};
 use crate::partition::{Layout, Manifest, Rules, Settle};
 use crate::store::ETag;
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
+use combine::{Awaited, LedgerAhead};
 
 /// How long a batch may lease over a log read earlier (new messages are seen as soon as
 /// the known ones run out; this bounds how long retention and compaction go unseen).
@@ -113,6 +119,16 @@ struct LedgerChange<'a> {
     logs: Cell<'a, Manifest>,
     log: &'a mut (Snapshot<Manifest>, Instant),
     ops: &'a [LedgerOp],
+    /// Other processes' intents (and this batch's own, when it took over) to land.
+    intents: &'a [Intent],
+    /// `ops` and the operations of `intents`: what the log is checked for.
+    asked: &'a [LedgerOp],
+    /// Attempts made so far.
+    attempts: u32,
+    /// How many intents the last attempt landed.
+    landed: usize,
+    /// Whether the last attempt wrote (else it kept the ledger as it was).
+    wrote: bool,
     rules: Rules,
     now: u64,
     keys: &'a Keys,
@@ -128,11 +144,12 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
         &mut self,
         snap: &Snapshot<SubscriptionState>,
     ) -> impl std::future::Future<Output = ()> + Send {
+        self.attempts += 1;
         let unchecked = self.checked.as_ref() != Some(&snap.etag);
         self.checked = Some(snap.etag.clone());
         let stale = unchecked
             && needs_log(
-                self.ops,
+                self.asked,
                 Some(&snap.value),
                 (&self.log.0.value, self.log.1),
                 self.now,
@@ -156,9 +173,19 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
     ) -> Result<Decision<Vec<LedgerOutcome>>, BrokerError> {
         let before = (s.frontier, s.leases.clone(), s.acked_ahead.clone(), s.lost);
         let log = &self.log.0.value;
-        let (out, _) = subscription::apply(s, log, self.now, &self.rules, (self.ops, self.keys));
+        let rules = &self.rules;
+        let (out, _, landed) = subscription::apply_landing(
+            s,
+            log,
+            self.now,
+            rules,
+            (self.ops, self.keys),
+            self.intents,
+        );
+        self.landed = landed;
         let after = (s.frontier, s.leases.clone(), s.acked_ahead.clone(), s.lost);
-        Ok(if after != before {
+        self.wrote = after != before || landed > 0;
+        Ok(if self.wrote {
             Decision::Commit(out)
         } else {
             Decision::Keep(out)
@@ -200,6 +227,8 @@ struct LedgerQueue {
     partition: u32,
     manifest_key: String,
     ledger_key: String,
+    /// Where the ledger's intents are written ([`crate::keys::ledger_intents`]).
+    intents_prefix: String,
     incarnation: String,
     origin: Origin,
     state: Mutex<QueueState>,
@@ -215,6 +244,11 @@ struct QueueState {
     quiet: Option<Quiet>,
     /// What the last batch that succeeded left, for `/metrics`.
     figures: Option<Figures>,
+    /// This process's part among the processes writing the ledger ([`combine`]); sweeps
+    /// commit under the last batch's rules.
+    role: Role<Rules>,
+    /// What the committer listed beside its last commit.
+    ahead: Option<LedgerAhead>,
 }
 
 /// One subscription's partition as a batch left it ([`Committer::ledger_summaries`]).
@@ -284,15 +318,15 @@ enum Answer {
 
 impl Answer {
     /// Sends the caller what its operation got (leases with the layout they were granted
-    /// over).
-    fn answer(self, out: LedgerOutcome, layout: &Arc<Layout>) {
+    /// over; `shared` when they were granted through an intent).
+    fn answer(self, out: LedgerOutcome, layout: &Arc<Layout>, shared: bool) {
         match (self, out) {
             (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
                 let layout = layout.clone();
                 drop(tx.send(Ok(LeaseAnswer {
                     leased,
                     layout,
-                    shared: false,
+                    shared,
                 })));
             }
             (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
@@ -507,6 +541,12 @@ impl Committer {
                         &sub.id,
                         partition,
                     ),
+                    intents_prefix: crate::keys::ledger_intents(
+                        &topic.name,
+                        name,
+                        &sub.id,
+                        partition,
+                    ),
                     incarnation: topic.incarnation.clone(),
                     origin: Origin {
                         id: sub.id.clone(),
@@ -529,10 +569,11 @@ impl Committer {
         }
     }
 
-    /// Commits batches until the queue is empty. While the ledger is busy (the previous
-    /// batch held more than one operation) each batch first waits the committer's
-    /// `linger`, as the partition's own queue does: the clients answered by the last
-    /// commit come back in time to share the next one.
+    /// Commits batches until the queue is empty, then, while this process is the ledger's
+    /// committer ([`combine`]), sweeps. While the ledger is busy (the previous batch held
+    /// more than one operation) each batch first waits the committer's `linger`, as the
+    /// partition's own queue does: the clients answered by the last commit come back in
+    /// time to share the next one.
     async fn drain_ledger(self: Arc<Self>, q: Arc<LedgerQueue>) {
         // Should this task ever die mid-batch, the next submit starts a new one.
         struct Running(Arc<LedgerQueue>);
@@ -549,19 +590,31 @@ impl Committer {
             if last_batch > 1 && !self.linger.is_zero() {
                 tokio::time::sleep(self.linger).await;
             }
-            let (batch, known) = {
+            let (batch, rules, known) = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
-                    st.running = false;
-                    return;
+                    let with = st.role.sweep_with();
+                    match (st.role.idle(), with) {
+                        (Idle::Sweep, Some(rules)) => {
+                            (Vec::new(), rules, std::mem::take(&mut st.known))
+                        }
+                        _ => {
+                            st.running = false;
+                            return;
+                        }
+                    }
+                } else {
+                    let batch = std::mem::take(&mut st.pending);
+                    let rules = batch_rules(&batch);
+                    st.role.took_batch(rules);
+                    (batch, rules, std::mem::take(&mut st.known))
                 }
-                (
-                    std::mem::take(&mut st.pending),
-                    std::mem::take(&mut st.known),
-                )
             };
             last_batch = batch.len();
-            let known = self.ledger_batch(&q, batch, known).await;
+            if batch.is_empty() {
+                self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+            }
+            let known = self.ledger_batch(&q, (batch, rules), known).await;
             let mut st = lock(&q.state);
             st.quiet = known.quiet.clone();
             if known.figures.is_some() {
@@ -571,19 +624,21 @@ impl Committer {
         }
     }
 
-    /// One batch: apply every operation to the ledger in one write over the log as known
-    /// (read again when [`needs_log`] says so), and answer each. Returns what the next
-    /// batch may start from.
+    /// One batch (none: a sweep): apply every operation to the ledger in one write over
+    /// the log as known (read again when [`needs_log`] says so), landing other processes'
+    /// intents when this process is the committer, or write them as intents when the
+    /// ledger is contended ([`combine`]); and answer each. Returns what the next batch may
+    /// start from.
     async fn ledger_batch(
         &self,
         q: &LedgerQueue,
-        batch: Vec<(LedgerOp, Rules, Answer)>,
+        (batch, rules): (Vec<(LedgerOp, Rules, Answer)>, Rules),
         mut known: Known,
     ) -> Known {
         known.quiet = None;
         known.figures = None;
         let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
-        let rules = batch_rules(&batch);
+        let sweep = batch.is_empty();
         let fail = |batch: Vec<(LedgerOp, Rules, Answer)>, e: BrokerError| {
             for (_, _, tx) in batch {
                 tx.fail(e.clone());
@@ -605,6 +660,40 @@ impl Committer {
             fail(batch, e);
             return Known { log: None, ..known };
         }
+        // Contended: the operations go as intents, and another process's commit may
+        // decide them all.
+        let mut own_intents: Option<Vec<Intent>> = None;
+        let mut landing: Vec<Intent> = Vec::new();
+        if self.ledger_combines(q, &ops, &rules, &mut known) {
+            match self.await_intents(q, &ops, &mut known).await {
+                Ok(Awaited::Decided(own)) => {
+                    self.answer_intents(q, batch, &own, &mut known).await;
+                    return known;
+                }
+                Ok(Awaited::TakeOver { own, listed }) => {
+                    landing = listed;
+                    landing.extend(own.iter().cloned());
+                    own_intents = Some(own);
+                }
+                Err(e) => {
+                    fail(batch, e);
+                    return known;
+                }
+            }
+        } else if !rules.ordered && lock(&q.state).role.is_committer() {
+            let state = known.ledger.as_ref().map(|l| &l.value);
+            landing = self.ledger_landing(q, state).await;
+        }
+        if sweep && landing.is_empty() {
+            lock(&q.state).role.swept(false, Instant::now());
+            return known;
+        }
+        let direct: &[LedgerOp] = if own_intents.is_some() { &[] } else { &ops };
+        let asked: Vec<LedgerOp> = direct
+            .iter()
+            .copied()
+            .chain(landing.iter().map(|i| subscription::op_of(i.ask)))
+            .collect();
         // Taken out while the ledger changes beside it; put back below.
         let Some((log_snap, read_at)) = known.log.take() else {
             fail(batch, BrokerError::Internal("the log was not read".into()));
@@ -617,21 +706,60 @@ impl Committer {
             self.know_keys(q, (&ops, &rules, now), (log, &layout), &mut known)
                 .await;
         }
+        let beside = self.ledger_beside(q, known.ledger.as_ref().map(|l| &l.value), &rules);
         let mut known_log = (log_snap, read_at);
         let mut change = LedgerChange {
             logs: Cell::new(&*self.store, &*self.ids, &q.manifest_key, &q.incarnation),
             log: &mut known_log,
-            ops: &ops,
+            ops: direct,
+            intents: &landing,
+            asked: &asked,
+            attempts: 0,
+            landed: 0,
+            wrote: false,
             rules,
             now,
             keys: &known.keys,
-            // `know_log` checked the log against the ledger this process knew.
-            checked: known.ledger.as_ref().map(|l| l.etag.clone()),
+            // `know_log` checked the log against the ledger this process knew, for the
+            // batch's own operations only.
+            checked: if landing.is_empty() {
+                known.ledger.as_ref().map(|l| l.etag.clone())
+            } else {
+                None
+            },
         };
-        let done = cell.update_in(&mut known.ledger, &mut change).await;
+        let (done, looked) = futures::join!(
+            cell.update_in(&mut known.ledger, &mut change),
+            self.list_ledger_beside(q, &beside)
+        );
+        let (attempts, landed, change_wrote) = (change.attempts, change.landed, change.wrote);
         // The layout of the log the commit used (a retry may have read it again).
         let layout = Arc::new(known_log.0.value.layout());
         known.log = Some(known_log);
+        let state = known.ledger.as_ref().map(|l| &l.value);
+        if let Some(look) = looked {
+            self.ledger_looked(q, look, state);
+        }
+        {
+            let now = Instant::now();
+            let mut st = lock(&q.state);
+            let a = Attempts {
+                tries: attempts,
+                confirmed: Confirmed::No,
+                callers: !sweep,
+            };
+            st.role.committed(a, now);
+            let own = own_intents.as_ref().map_or(0, Vec::len);
+            if landed > own {
+                st.role.mark_contended(now);
+            }
+            if sweep {
+                st.role.swept(landed > 0, now);
+            }
+            if own_intents.is_some() && done.is_ok() {
+                st.role.become_committer();
+            }
+        }
         let outcomes = match done {
             Ok(outcomes) => outcomes,
             Err(e) => {
@@ -639,6 +767,17 @@ impl Committer {
                 return known;
             }
         };
+        if change_wrote {
+            self.stats.ledger_commits.fetch_add(1, Ordering::Relaxed);
+            let n = (direct.len() + landed) as u64;
+            self.stats
+                .ledger_committed_ops
+                .fetch_add(n, Ordering::Relaxed);
+        }
+        if let Some(own) = own_intents {
+            self.answer_intents(q, batch, &own, &mut known).await;
+            return known;
+        }
         if let Some(state) = &known.ledger {
             known.keys.forget_below(state.value.frontier);
         }
@@ -648,7 +787,7 @@ impl Committer {
         });
         note_batch(&mut known, drained, &rules, now);
         for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
-            tx.answer(out, &layout);
+            tx.answer(out, &layout, false);
         }
         known
     }

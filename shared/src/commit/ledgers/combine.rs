@@ -1,0 +1,499 @@
+//! Many processes on one subscription's ledger: intents instead of races (docs/design.md
+//! §5, "Ledgers across processes").
+//!
+//! Every process commits its own operations to a ledger, so on one partition several
+//! processes race for one object, and the one that wrote last wins again: it writes one
+//! round trip later, before the losers have read the ledger again. The way through is the
+//! manifest's (§6, [`super::super::combine`]), on the ledger's own prefix
+//! `topics/{t}/subs/{s}/{id}/{p}/`:
+//!
+//! 1. once the ledger is *contended* here (a batch lost races, a look found other
+//!    processes' intents, or a wait saw the ledger change), a batch of at most
+//!    [`MAX_OWN_INTENTS`] settles and lease requests that the ledger as known does not
+//!    refuse already ([`intent::worth_writing`]) writes one intent per operation, each an
+//!    empty object whose id names it ([`Intent`]), above the ids the ledger decided;
+//! 2. it waits about one and a quarter store round trips and reads the ledger (a
+//!    conditional GET): every intent *decided*, it answers from the outcomes the ledger
+//!    records; *dead* (a commit moved past it), it writes that one again; *pending*, it
+//!    waits a round trip and reads again, up to [`MAX_POLLS`] reads;
+//! 3. when a read shows the ledger unchanged (nobody is committing), it lists the prefix
+//!    and, unless an older writer's intent is pending (that writer takes over first),
+//!    commits itself: one CAS landing every pending intent listed, its own among them,
+//!    and becomes the ledger's *committer*;
+//! 4. the committer commits its own operations as they are, lands with each commit what
+//!    its listing made beside the previous commit found ([`LedgerAhead`]), and while its
+//!    queue is empty keeps sweeping (list, and land what is pending) as the manifest's
+//!    committer does ([`super::super::role::Role`]).
+//!
+//! [`crate::partition::subscription::apply_landing`] lands each intent at most once: only
+//! ids above the ledger's `combined_through`, which landing raises past them. An answer
+//! comes only from a ledger read or written that records the outcome. Not on per-key
+//! ordered topics: a lease there reads message keys first, which an intent cannot carry.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::super::batch::MAX_OWN_INTENTS;
+use super::super::combine::{fate, older_pending, poll_after, step, Holds, Own, Step, MAX_POLLS};
+use super::super::listing::{Listed, AHEAD_FOR, LOOK_BACK_MS, MAX_LANDING};
+use super::super::{lock, Committer, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use super::{Answer, Known, LedgerQueue};
+use crate::cas::Cell;
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::intent::{self, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
+use crate::partition::subscription::{LedgerOp, LedgerOutcome, SubscriptionState};
+use crate::partition::{Manifest, Rules};
+use crate::store::StoreError;
+
+/// What a ledger's committer listed beside its last commit, for the next to land.
+#[derive(Debug)]
+pub(super) struct LedgerAhead {
+    listed: Vec<Intent>,
+    at: Instant,
+}
+
+/// How a batch that wrote intents goes on.
+pub(super) enum Awaited {
+    /// Other processes' commits decided every one of its intents (in batch order).
+    Decided(Vec<Intent>),
+    /// This process commits: its own intents, and what its listing found pending.
+    TakeOver {
+        own: Vec<Intent>,
+        listed: Vec<Intent>,
+    },
+}
+
+/// What one ledger operation asks for as an intent; `None` for one that cannot be one (a
+/// purge, a lease of more than [`MAX_LEASE_ASK`] messages).
+pub(super) fn ask_of(op: LedgerOp) -> Option<Ask> {
+    match op {
+        LedgerOp::Settle {
+            offset,
+            lease_id,
+            action,
+        } => Some(Ask::Settle {
+            offset,
+            lease_id,
+            action,
+        }),
+        LedgerOp::Lease { max, max_bytes } => {
+            let max = u32::try_from(max)
+                .ok()
+                .filter(|m| (1..=MAX_LEASE_ASK).contains(&u64::from(*m)))?;
+            Some(Ask::Lease { max, max_bytes })
+        }
+        LedgerOp::Purge => None,
+    }
+}
+
+/// Where a look lists from in `state`: above what the ledger decided, and no further back
+/// than [`LOOK_BACK_MS`] before `now` (an older intent's writer takes over already).
+fn look_after(state: &SubscriptionState, now: u64) -> String {
+    let floor = crate::keys::segment_id(now.saturating_sub(LOOK_BACK_MS), "");
+    state.ids_above().max(floor.as_str()).to_owned()
+}
+
+/// What a commit of a ledger lists beside its write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum LedgerBeside {
+    /// Nothing.
+    Nothing,
+    /// The committer's listing for its next commit, after this id.
+    Ahead(String),
+    /// A look for other processes' intents, after this id.
+    Look(String),
+}
+
+impl Committer {
+    /// Whether the batch `ops` writes intents (step 1 of the module documentation): the
+    /// fleet writes them, the ledger is contended here and this process is not its
+    /// committer, and the ledger and log as known do not refuse any of them.
+    pub(super) fn ledger_combines(
+        &self,
+        q: &LedgerQueue,
+        ops: &[LedgerOp],
+        rules: &Rules,
+        known: &mut Known,
+    ) -> bool {
+        if ops.is_empty()
+            || ops.len() > MAX_OWN_INTENTS
+            || rules.ordered
+            || !self.level.get().combines_ledgers()
+        {
+            return false;
+        }
+        {
+            let st = lock(&q.state);
+            if !st.role.contended(Instant::now()) || st.role.is_committer() {
+                return false;
+            }
+        }
+        let (Some(ledger), Some((log, _))) = (known.ledger.as_mut(), known.log.as_ref()) else {
+            return false;
+        };
+        if ledger.etag.is_none() {
+            return false;
+        }
+        let now = self.clock.now_ms();
+        let view = ledger.value.over(&log.value);
+        ops.iter()
+            .all(|op| ask_of(*op).is_some_and(|a| intent::worth_writing(&view, now, rules, a)))
+    }
+
+    /// Steps 1 to 3 of the module documentation for `ops`, over the ledger in `known`
+    /// (which it keeps as read).
+    ///
+    /// Errors: an intent's write or the ledger's read failing; [`BrokerError::Contention`]
+    /// when the fate of an intent can no longer be told.
+    pub(super) async fn await_intents(
+        &self,
+        q: &LedgerQueue,
+        ops: &[LedgerOp],
+        known: &mut Known,
+    ) -> BrokerResult<Awaited> {
+        let cell =
+            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+        let Some(snap) = known.ledger.as_mut() else {
+            return Err(BrokerError::Internal("no ledger to wait on".into()));
+        };
+        let started = Instant::now();
+        let after = snap.value.ids_above().to_owned();
+        let mut own = futures::future::try_join_all(
+            ops.iter()
+                .filter_map(|op| ask_of(*op))
+                .map(|ask| self.write_ledger_intent(q, &after, ask)),
+        )
+        .await?;
+        let mut round_trip = started.elapsed();
+        for round in 0..MAX_POLLS {
+            tokio::time::sleep(poll_after(round_trip, round == 0, Holds::IntentsOnly)).await;
+            self.stats.polls.fetch_add(1, Ordering::Relaxed);
+            let unchanged = cell.refresh::<BrokerError>(snap).await?;
+            if !unchanged {
+                lock(&q.state).role.mark_contended(Instant::now());
+            }
+            let statuses: Vec<Status> = own
+                .iter()
+                .map(|i| intent::status(&snap.value, &i.id))
+                .collect();
+            match step(fate(None, &statuses), unchanged) {
+                Step::Answer(_) => {
+                    self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
+                    let n = own.len() as u64;
+                    self.stats.intents_by_others.fetch_add(n, Ordering::Relaxed);
+                    return Ok(Awaited::Decided(own));
+                }
+                Step::GiveUp => {
+                    tracing::warn!(
+                        ledger = %q.ledger_key,
+                        version = snap.value.version,
+                        decided_floor = %snap.value.decided_floor,
+                        combined_through = %snap.value.combined_through,
+                        round,
+                        "an intent's fate can no longer be told: answered 503"
+                    );
+                    return Err(BrokerError::Contention);
+                }
+                Step::Rewrite(_, dead) => {
+                    let started = Instant::now();
+                    self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
+                    let after = snap.value.ids_above().to_owned();
+                    for i in dead {
+                        own[i] = self.write_ledger_intent(q, &after, own[i].ask).await?;
+                    }
+                    round_trip = started.elapsed();
+                }
+                Step::Consider => {
+                    let found = self
+                        .list_ledger_intents(q, &snap.value.combined_through)
+                        .await;
+                    let listed = Listed {
+                        segments: Vec::new(),
+                        intents: found,
+                    };
+                    let mine = Own {
+                        segment: None,
+                        intents: own.clone(),
+                    };
+                    if !older_pending(&listed, &mine, self.clock.now_ms()) {
+                        self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+                        return Ok(Awaited::TakeOver {
+                            own,
+                            listed: listed.intents,
+                        });
+                    }
+                }
+                Step::Wait => {}
+            }
+        }
+        self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+        let listed = self
+            .list_ledger_intents(q, &snap.value.combined_through)
+            .await;
+        Ok(Awaited::TakeOver { own, listed })
+    }
+
+    /// Writes one intent of the ledger asking `ask`, its id above `after`.
+    ///
+    /// Errors: the write's.
+    async fn write_ledger_intent(
+        &self,
+        q: &LedgerQueue,
+        after: &str,
+        ask: Ask,
+    ) -> BrokerResult<Intent> {
+        let id = Intent::id(self.clock.now_ms(), after, &self.ids.new_id(), ask);
+        let intent = Intent::parse(&id)
+            .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
+        let key = format!("{}{id}", q.intents_prefix);
+        self.stats.intents.fetch_add(1, Ordering::Relaxed);
+        match self.store.put_if_absent(&key, Bytes::new()).await {
+            Ok(_) => Ok(intent),
+            // It may have landed: write it again, and a conflict then says it did.
+            Err(StoreError::Unavailable(_)) => {
+                match self.store.put_if_absent(&key, Bytes::new()).await {
+                    Ok(_) | Err(StoreError::Conflict) => Ok(intent),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The intents of the ledger listed after `after` (one LIST), oldest first, young
+    /// enough to land ([`MAX_SEGMENT_AGE_AT_COMMIT_MS`], so garbage collection never
+    /// deletes one that could still land); none when the listing fails. A commit lands
+    /// only those its ledger shows pending.
+    pub(super) async fn list_ledger_intents(&self, q: &LedgerQueue, after: &str) -> Vec<Intent> {
+        let prefix = &q.intents_prefix;
+        let Ok(keys) = self.store.list_after(prefix, after, MAX_LANDING).await else {
+            return Vec::new();
+        };
+        let now = self.clock.now_ms();
+        keys.iter()
+            .filter_map(|k| Intent::parse(k.strip_prefix(prefix.as_str())?))
+            .filter(|i| now.saturating_sub(i.written_ms) <= MAX_SEGMENT_AGE_AT_COMMIT_MS)
+            .collect()
+    }
+
+    /// What a commit of the ledger from `state` lists beside its write: the committer
+    /// lists ahead for its next commit, another process looks for intents when a look is
+    /// due ([`super::super::role::Role::look_due`]).
+    pub(super) fn ledger_beside(
+        &self,
+        q: &LedgerQueue,
+        state: Option<&SubscriptionState>,
+        rules: &Rules,
+    ) -> LedgerBeside {
+        let Some(state) = state else {
+            return LedgerBeside::Nothing;
+        };
+        if rules.ordered || !self.level.get().combines_ledgers() {
+            return LedgerBeside::Nothing;
+        }
+        let role = &lock(&q.state).role;
+        if role.is_committer() {
+            LedgerBeside::Ahead(state.combined_through.clone())
+        } else if role.look_due(Instant::now()) {
+            LedgerBeside::Look(look_after(state, self.clock.now_ms()))
+        } else {
+            LedgerBeside::Nothing
+        }
+    }
+
+    /// Makes the listing `beside` names: a committer's is kept for its next commit, a
+    /// look's is returned with when it was sent.
+    pub(super) async fn list_ledger_beside(
+        &self,
+        q: &LedgerQueue,
+        beside: &LedgerBeside,
+    ) -> Option<(Vec<Intent>, Instant)> {
+        match beside {
+            LedgerBeside::Nothing => None,
+            LedgerBeside::Ahead(after) => {
+                let listed = self.list_ledger_intents(q, after).await;
+                lock(&q.state).ahead = Some(LedgerAhead {
+                    listed,
+                    at: Instant::now(),
+                });
+                None
+            }
+            LedgerBeside::Look(after) => {
+                let at = Instant::now();
+                Some((self.list_ledger_intents(q, after).await, at))
+            }
+        }
+    }
+
+    /// Records what a look found against `state`, the ledger its commit left (or the one
+    /// it read): other processes' intents pending there make the ledger contended.
+    pub(super) fn ledger_looked(
+        &self,
+        q: &LedgerQueue,
+        (listed, at): (Vec<Intent>, Instant),
+        state: Option<&SubscriptionState>,
+    ) {
+        let others = state.is_some_and(|s| {
+            listed
+                .iter()
+                .any(|i| intent::status(s, &i.id) == Status::Pending)
+        });
+        lock(&q.state).role.looked(others, at);
+        self.stats.looks.fetch_add(1, Ordering::Relaxed);
+        if others {
+            self.stats.looks_found.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// What the committer's next commit lands: the listing made beside its last commit
+    /// when it is younger than [`AHEAD_FOR`], else a listing made now.
+    pub(super) async fn ledger_landing(
+        &self,
+        q: &LedgerQueue,
+        state: Option<&SubscriptionState>,
+    ) -> Vec<Intent> {
+        let ahead = lock(&q.state).ahead.take();
+        match ahead {
+            Some(a) if a.at.elapsed() < AHEAD_FOR => a.listed,
+            _ => {
+                let after = state.map_or("", |s| s.combined_through.as_str());
+                self.list_ledger_intents(q, after).await
+            }
+        }
+    }
+
+    /// Answers a batch whose operations went as intents `own` (in batch order) from the
+    /// outcomes the ledger in `known` records: a settle as its outcome says, a lease with
+    /// the grants the ledger still shows held by it (over the log, read again when a grant
+    /// lies beyond the one this process knows). One whose outcome the ledger does not
+    /// record gets 503, the outcome unknown.
+    pub(super) async fn answer_intents(
+        &self,
+        q: &LedgerQueue,
+        batch: Vec<(LedgerOp, Rules, Answer)>,
+        own: &[Intent],
+        known: &mut Known,
+    ) {
+        let outcomes: Vec<Option<intent::Outcome>> = own
+            .iter()
+            .map(|i| {
+                match known
+                    .ledger
+                    .as_ref()
+                    .map(|l| intent::status(&l.value, &i.id))
+                {
+                    Some(Status::Decided(o)) => Some(o),
+                    _ => None,
+                }
+            })
+            .collect();
+        let next = known.log.as_ref().map_or(0, |(l, _)| l.value.next_offset);
+        let beyond = outcomes.iter().flatten().any(|o| {
+            o.lease_result()
+                .is_some_and(|l| l.grants.iter().chain(&l.dead).any(|g| g.offset >= next))
+        });
+        if beyond {
+            if let Some((log, at)) = known.log.as_mut() {
+                let logs = Cell::<Manifest>::new(
+                    &*self.store,
+                    &*self.ids,
+                    &q.manifest_key,
+                    &q.incarnation,
+                );
+                if logs.refresh::<BrokerError>(log).await.is_ok() {
+                    *at = Instant::now();
+                }
+            }
+        }
+        let layout = Arc::new(
+            known
+                .log
+                .as_ref()
+                .map(|(l, _)| l.value.layout())
+                .unwrap_or_default(),
+        );
+        let held = |g: &crate::partition::Grant| {
+            known.ledger.as_ref().is_some_and(|l| {
+                l.value
+                    .leases
+                    .get(&g.offset)
+                    .is_some_and(|h| h.lease_id == g.lease_id)
+            })
+        };
+        for ((_, _, tx), outcome) in batch.into_iter().zip(outcomes) {
+            let out = outcome.and_then(|o| match (o.settle_result(), o.lease_result()) {
+                (Some(r), _) => Some(LedgerOutcome::Settled(r)),
+                (None, Some(mut got)) => {
+                    got.grants.retain(held);
+                    got.dead.retain(held);
+                    Some(LedgerOutcome::Leased(got))
+                }
+                (None, None) => None,
+            });
+            match out {
+                Some(out) => tx.answer(out, &layout, true),
+                None => tx.fail(BrokerError::Contention),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::Settle;
+
+    #[test]
+    fn settles_and_small_leases_can_be_intents_purges_and_big_leases_cannot() {
+        let ack = LedgerOp::Settle {
+            offset: 3,
+            lease_id: 9,
+            action: Settle::Ack,
+        };
+        assert_eq!(
+            ask_of(ack),
+            Some(Ask::Settle {
+                offset: 3,
+                lease_id: 9,
+                action: Settle::Ack
+            })
+        );
+        let lease = |max| LedgerOp::Lease {
+            max,
+            max_bytes: 1 << 20,
+        };
+        assert_eq!(
+            ask_of(lease(10)),
+            Some(Ask::Lease {
+                max: 10,
+                max_bytes: 1 << 20
+            })
+        );
+        assert_eq!(ask_of(lease(0)), None);
+        assert_eq!(ask_of(lease(101)), None);
+        assert_eq!(ask_of(LedgerOp::Purge), None);
+        // Every intent asked this way names the same operation again.
+        for op in [ack, lease(1), lease(100)] {
+            let ask = ask_of(op).unwrap();
+            assert_eq!(crate::partition::subscription::op_of(ask), op);
+        }
+    }
+
+    #[test]
+    fn a_look_lists_no_further_back_than_two_seconds() {
+        let mut s = SubscriptionState::new(&crate::partition::subscription::Origin {
+            id: "s".into(),
+            start: 0,
+        });
+        let now = 1_700_000_010_000;
+        assert_eq!(
+            look_after(&s, now),
+            crate::keys::segment_id(now - LOOK_BACK_MS, "")
+        );
+        s.combined_through = format!("{:013}-z", now - 10);
+        assert_eq!(look_after(&s, now), s.combined_through);
+    }
+}
