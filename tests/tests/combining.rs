@@ -7,17 +7,24 @@
 //! Afterwards every offset of the partition is replayed: each successful produce's
 //! payload sits at exactly the offset it was answered with, no payload appears twice, and
 //! no offset is empty. A produce that failed (503) may or may not have landed.
+//!
+//! The same brokers consuming and acking one named subscription at once combine its
+//! ledger's operations through intents (docs/design.md §5): every message is delivered
+//! once and acked once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use narad_shared::broker::{Broker, NewMessage};
 use narad_shared::clock::{Clock, RandomIds, SystemClock};
 use narad_shared::config::BrokerOptions;
+use narad_shared::partition::Settle;
 use narad_shared::settings::SettingsInput;
+use narad_shared::subscription::SubscriptionInput;
 use narad_shared::store::latency::LatencyStore;
 use narad_shared::store::memory::MemoryStore;
 use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
@@ -169,4 +176,108 @@ async fn brokers_producing_at_once_under_faults_lose_nothing_and_duplicate_nothi
             "seed {seed}: most produces succeed"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_consuming_one_subscription_at_once_combine_its_ledger_and_lose_nothing() {
+    const TOTAL: usize = BROKERS * EACH;
+    let store: DynStore = Arc::new(LatencyStore::new(
+        Arc::new(MemoryStore::new()),
+        Duration::from_millis(2),
+    ));
+    let mut brokers = Vec::new();
+    for _ in 0..BROKERS {
+        brokers.push(Arc::new(broker(store.clone()).await));
+    }
+    let settings = SettingsInput::parse(br#"{"partitions":1}"#).unwrap();
+    brokers[0].create_topic("c", &settings).await.unwrap();
+    let input = SubscriptionInput::default();
+    brokers[0]
+        .create_subscription("c", "billing", &input)
+        .await
+        .unwrap();
+    let messages: Vec<NewMessage> = (0..TOTAL)
+        .map(|j| NewMessage {
+            partition: Some(0),
+            key: None,
+            payload: Bytes::from(format!("m{j}")),
+            idempotency_key: None,
+            headers: Default::default(),
+            delay_ms: 0,
+        })
+        .collect();
+    for chunk in messages.chunks(100) {
+        let r = brokers[0].produce_batch("c", chunk.to_vec()).await.unwrap();
+        assert!(r.iter().all(|m| m.is_ok()));
+    }
+    let delivered: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for b in &brokers {
+        let (b, delivered, acked) = (b.clone(), delivered.clone(), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            let mut empty = 0;
+            while acked.load(Ordering::SeqCst) < TOTAL && empty < 400 {
+                let got = b
+                    .consume_from("c", Some("billing"), Some(0), Duration::ZERO, 1)
+                    .await;
+                let ds = match got {
+                    Ok(ds) => ds,
+                    Err(e) => {
+                        errors.push(format!("consume: {e}"));
+                        continue;
+                    }
+                };
+                if ds.is_empty() {
+                    empty += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                for d in ds {
+                    *delivered.lock().unwrap().entry(d.offset).or_default() += 1;
+                    let handle = d.receipt_handle.unwrap();
+                    match b.settle("c", &handle, Settle::Ack).await {
+                        Ok(()) => {
+                            acked.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(e) => errors.push(format!("ack of {}: {e}", d.offset)),
+                    }
+                }
+            }
+            errors
+        }));
+    }
+    let mut errors = Vec::new();
+    for t in tasks {
+        errors.extend(t.await.unwrap());
+    }
+    assert!(errors.is_empty(), "nothing fails on a healthy store: {errors:?}");
+    let delivered = delivered.lock().unwrap().clone();
+    for o in 0..TOTAL as u64 {
+        // Within the visibility timeout and without nacks, a second delivery would be a
+        // second live lease on one message.
+        assert_eq!(delivered.get(&o), Some(&1), "offset {o} delivered once");
+    }
+    assert_eq!(acked.load(Ordering::SeqCst), TOTAL, "every ack answered 204");
+    let (mut written, mut by_others) = (0.0, 0.0);
+    for b in &brokers {
+        let text = b.metrics_text();
+        let m = |name| narad_tests::metric(&text, name).unwrap_or(0.0);
+        written += m("narad_ledger_intents_written_total");
+        by_others += m("narad_ledger_intents_decided_by_others_total");
+    }
+    println!("{written} ledger intents written, {by_others} decided by another broker's commit");
+    assert!(
+        by_others > 0.0,
+        "six brokers on one ledger combine their operations"
+    );
+    // The subscription's ledger agrees: everything settled.
+    let t = brokers[0].load_topic("c").await.unwrap();
+    let stats = brokers[0].subscription_stats(&t, "billing").await.unwrap();
+    assert_eq!(
+        (stats[0].frontier, stats[0].in_flight),
+        (TOTAL as u64, 0),
+        "{stats:?}"
+    );
 }

@@ -835,9 +835,21 @@ impl Run {
     }
 }
 
-/// Runs one seed; returns (faults injected, acknowledged produces, produce batches other
-/// brokers committed).
-async fn run_seed(seed: u64, profile: Profile) -> (u64, usize, u64, u64) {
+/// What one seed's run did.
+#[derive(Debug, PartialEq, Eq)]
+struct Ran {
+    faults: u64,
+    /// Acknowledged produces.
+    produced: usize,
+    /// Produce batches other brokers committed, and sweeps.
+    combined: u64,
+    /// Intents other brokers applied: the default subscription's, and named ones'.
+    intents: u64,
+    ledger_intents: u64,
+}
+
+/// Runs one seed.
+async fn run_seed(seed: u64, profile: Profile) -> Ran {
     let mut run = Run::new(seed, profile).await;
     for step in 0..profile.steps {
         run.step = step;
@@ -853,13 +865,15 @@ async fn run_seed(seed: u64, profile: Profile) -> (u64, usize, u64, u64) {
     let combined =
         run.metric("narad_combined_by_others_total") + run.metric("narad_combining_sweeps_total");
     let intents = run.metric("narad_intents_decided_by_others_total");
+    let ledger_intents = run.metric("narad_ledger_intents_decided_by_others_total");
     run.drain_and_check().await;
-    (
-        run.injected(),
-        run.m.produced.len(),
-        combined as u64,
-        intents as u64,
-    )
+    Ran {
+        faults: run.injected(),
+        produced: run.m.produced.len(),
+        combined: combined as u64,
+        intents: intents as u64,
+        ledger_intents: ledger_intents as u64,
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -871,9 +885,9 @@ async fn seeded_faults_keep_every_invariant() {
     let mut faults = 0;
     let mut produced = 0;
     for seed in seeds {
-        let (f, p, _, _) = run_seed(seed, SHORT).await;
-        faults += f;
-        produced += p;
+        let ran = run_seed(seed, SHORT).await;
+        faults += ran.faults;
+        produced += ran.produced;
     }
     println!("{faults} faults injected over {produced} acknowledged produces");
     assert!(faults > 100, "the run must actually inject faults");
@@ -886,8 +900,11 @@ async fn long_histories_under_faults_keep_every_invariant() {
         Err(_) => (101..=106).collect(),
     };
     for seed in seeds {
-        let (faults, produced, _, _) = run_seed(seed, LONG).await;
-        println!("seed {seed}: {faults} faults over {produced} acknowledged produces");
+        let r = run_seed(seed, LONG).await;
+        println!(
+            "seed {seed}: {} faults over {} acknowledged produces",
+            r.faults, r.produced
+        );
     }
 }
 
@@ -897,14 +914,16 @@ async fn interleaved_brokers_that_freeze_keep_every_invariant() {
         Ok(s) => vec![s.parse().expect("NARAD_FAULT_SEED must be a number")],
         Err(_) => (201..=216).collect(),
     };
-    let (mut combined, mut intents) = (0, 0);
+    let (mut combined, mut intents, mut ledger_intents) = (0, 0, 0);
     for seed in seeds {
-        let (faults, produced, c, i) = run_seed(seed, INTERLEAVED).await;
+        let r = run_seed(seed, INTERLEAVED).await;
         println!(
-            "seed {seed}: {faults} faults over {produced} acknowledged produces, {c} combined, {i} intents applied by other brokers"
+            "seed {seed}: {} faults over {} acknowledged produces, {} combined, {} intents and {} ledger intents applied by other brokers",
+            r.faults, r.produced, r.combined, r.intents, r.ledger_intents
         );
-        combined += c;
-        intents += i;
+        combined += r.combined;
+        intents += r.intents;
+        ledger_intents += r.ledger_intents;
     }
     assert!(
         combined > 0,
@@ -913,6 +932,10 @@ async fn interleaved_brokers_that_freeze_keep_every_invariant() {
     assert!(
         intents > 0,
         "the interleaved runs must combine settles and leases across brokers"
+    );
+    assert!(
+        ledger_intents > 0,
+        "the interleaved runs must combine subscriptions' settles and leases across brokers"
     );
 }
 

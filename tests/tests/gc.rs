@@ -330,3 +330,40 @@ async fn ledgers_of_deleted_subscriptions_go_and_current_ones_stay() {
     let keep = b.subscription_stats(&t, "keep").await.unwrap();
     assert_eq!(keep[0].in_flight, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_intents_go_after_the_grace_period_or_with_their_subscription() {
+    let (store, _dir) = test_store().await;
+    let clock = ManualClock::new(T0);
+    let b = broker(store.clone(), &clock).await;
+    b.create_topic("li", &SettingsInput::default())
+        .await
+        .unwrap();
+    let input = narad_shared::subscription::SubscriptionInput::default();
+    let (_, t) = b.create_subscription("li", "keep", &input).await.unwrap();
+    let keep = t.subscription("keep").unwrap().id.clone();
+    let grace_ms = DEFAULT_GRACE.as_millis() as u64;
+    let intent = |sub: &str, id: &str, written: u64| {
+        let ask = narad_shared::partition::intent::Ask::Lease {
+            max: 1,
+            max_bytes: 1,
+        };
+        let name = narad_shared::partition::intent::Intent::id(written, "", "u1", ask);
+        format!("{}{name}", keys::ledger_intents("li", sub, id, 0))
+    };
+    let old = intent("keep", &keep, T0 - grace_ms - 60_000);
+    let young = intent("keep", &keep, T0 - 60_000);
+    let orphan = intent("gone", "0190aaaa", T0 - 60_000);
+    for k in [&old, &young, &orphan] {
+        store.put_if_absent(k, Bytes::new()).await.unwrap();
+    }
+    let dry = maintenance::gc(&b, DEFAULT_GRACE, true).await.unwrap();
+    assert_eq!(dry.ledger_intents_deleted, 2, "{dry:?}");
+    let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
+    assert_eq!(g.ledger_intents_deleted, 2, "{g:?}");
+    let left = store
+        .list(&keys::subscriptions_prefix("li"))
+        .await
+        .unwrap();
+    assert_eq!(left, vec![young], "only the young intent of a live subscription stays");
+}

@@ -241,7 +241,7 @@ impl Broker {
     }
 
     /// The counters of combining produces across processes (commit/combine.rs).
-    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 10] {
+    fn combining_counters(&self) -> [(&'static str, &'static str, &'static str, f64); 12] {
         let s = &self.committer.stats;
         [
             (
@@ -303,6 +303,18 @@ impl Broker {
                 "counter",
                 "Intents of this process that another process's commit applied.",
                 s.intents_by_others.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_ledger_intents_written_total",
+                "counter",
+                "Subscriptions' settles and lease requests written as intents (fleet level 6).",
+                s.ledger_intents.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "narad_ledger_intents_decided_by_others_total",
+                "counter",
+                "Ledger intents of this process that another process's commit applied.",
+                s.ledger_intents_by_others.load(Ordering::Relaxed) as f64,
             ),
         ]
     }

@@ -248,6 +248,10 @@ pub struct CommitStats {
     pub ledger_commits: AtomicU64,
     /// Operations carried by those writes (intents landed among them).
     pub ledger_committed_ops: AtomicU64,
+    /// Subscriptions' settles and lease requests written as intents.
+    pub ledger_intents: AtomicU64,
+    /// Ledger intents of this process another process's commit applied.
+    pub ledger_intents_by_others: AtomicU64,
 }
 
 /// The per-process group committer. Shared behind an `Arc`.

@@ -183,7 +183,7 @@ impl Committer {
                 Step::Answer(_) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
                     let n = own.len() as u64;
-                    self.stats.intents_by_others.fetch_add(n, Ordering::Relaxed);
+                    self.stats.ledger_intents_by_others.fetch_add(n, Ordering::Relaxed);
                     return Ok(Awaited::Decided(own));
                 }
                 Step::GiveUp => {
@@ -249,7 +249,7 @@ impl Committer {
         let intent = Intent::parse(&id)
             .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
         let key = format!("{}{id}", q.intents_prefix);
-        self.stats.intents.fetch_add(1, Ordering::Relaxed);
+        self.stats.ledger_intents.fetch_add(1, Ordering::Relaxed);
         match self.store.put_if_absent(&key, Bytes::new()).await {
             Ok(_) => Ok(intent),
             // It may have landed: write it again, and a conflict then says it did.
