@@ -24,11 +24,11 @@ use narad_shared::clock::{Clock, RandomIds, SystemClock};
 use narad_shared::config::BrokerOptions;
 use narad_shared::partition::Settle;
 use narad_shared::settings::SettingsInput;
-use narad_shared::subscription::SubscriptionInput;
 use narad_shared::store::latency::LatencyStore;
 use narad_shared::store::memory::MemoryStore;
 use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
 use narad_shared::store::DynStore;
+use narad_shared::subscription::SubscriptionInput;
 
 const BROKERS: usize = 6;
 const EACH: usize = 40;
@@ -252,14 +252,21 @@ async fn brokers_consuming_one_subscription_at_once_combine_its_ledger_and_lose_
     for t in tasks {
         errors.extend(t.await.unwrap());
     }
-    assert!(errors.is_empty(), "nothing fails on a healthy store: {errors:?}");
+    assert!(
+        errors.is_empty(),
+        "nothing fails on a healthy store: {errors:?}"
+    );
     let delivered = delivered.lock().unwrap().clone();
     for o in 0..TOTAL as u64 {
         // Within the visibility timeout and without nacks, a second delivery would be a
         // second live lease on one message.
         assert_eq!(delivered.get(&o), Some(&1), "offset {o} delivered once");
     }
-    assert_eq!(acked.load(Ordering::SeqCst), TOTAL, "every ack answered 204");
+    assert_eq!(
+        acked.load(Ordering::SeqCst),
+        TOTAL,
+        "every ack answered 204"
+    );
     let (mut written, mut by_others) = (0.0, 0.0);
     for b in &brokers {
         let text = b.metrics_text();

@@ -361,9 +361,10 @@ async fn ledger_intents_go_after_the_grace_period_or_with_their_subscription() {
     assert_eq!(dry.ledger_intents_deleted, 2, "{dry:?}");
     let g = maintenance::gc(&b, DEFAULT_GRACE, false).await.unwrap();
     assert_eq!(g.ledger_intents_deleted, 2, "{g:?}");
-    let left = store
-        .list(&keys::subscriptions_prefix("li"))
-        .await
-        .unwrap();
-    assert_eq!(left, vec![young], "only the young intent of a live subscription stays");
+    let left = store.list(&keys::subscriptions_prefix("li")).await.unwrap();
+    assert_eq!(
+        left,
+        vec![young],
+        "only the young intent of a live subscription stays"
+    );
 }

@@ -48,11 +48,20 @@ impl Committer {
         let intent = Intent::parse(&id)
             .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
         self.stats.intents.fetch_add(1, Ordering::Relaxed);
-        match self.store.put_if_absent(&key, Bytes::new()).await {
-            Ok(_) => Ok(intent),
+        self.put_intent(&key).await?;
+        Ok(intent)
+    }
+
+    /// Writes an intent's empty object at `key`, once: a write whose answer was lost is
+    /// sent again, and a conflict then says the first landed.
+    ///
+    /// Errors: the store's.
+    pub(super) async fn put_intent(&self, key: &str) -> BrokerResult<()> {
+        match self.store.put_if_absent(key, Bytes::new()).await {
+            Ok(_) => Ok(()),
             Err(StoreError::Unavailable(_)) => {
-                match self.store.put_if_absent(&key, Bytes::new()).await {
-                    Ok(_) | Err(StoreError::Conflict) => Ok(intent),
+                match self.store.put_if_absent(key, Bytes::new()).await {
+                    Ok(_) | Err(StoreError::Conflict) => Ok(()),
                     Err(e) => Err(e.into()),
                 }
             }

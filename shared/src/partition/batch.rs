@@ -321,7 +321,7 @@ mod tests {
 
     use super::*;
     use crate::partition::combine::{Combinable, Status};
-    use crate::partition::testing::{leased, manifest_with, rules};
+    use crate::partition::testing::{ack_ask, intent, leased, manifest_with, rules};
     use crate::segment::StoredMessage;
 
     /// Every invariant of the module documentation of [`crate::partition`].
@@ -758,18 +758,6 @@ mod tests {
                 landed.len(),
                 "seed {seed}: two segments at one offset"
             );
-        }
-    }
-
-    fn intent(t: u64, u: &str, ask: Ask) -> Intent {
-        Intent::parse(&Intent::id(t, "", u, ask)).unwrap()
-    }
-
-    fn ack_ask(offset: u64, lease_id: u64) -> Ask {
-        Ask::Settle {
-            offset,
-            lease_id,
-            action: Settle::Ack,
         }
     }
 

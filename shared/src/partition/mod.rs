@@ -583,7 +583,22 @@ impl Stored for Manifest {
 /// Builders shared by the transition tests.
 #[cfg(test)]
 pub(crate) mod testing {
+    use super::intent::{Ask, Intent};
     use super::*;
+
+    /// The intent asking `ask`, written at `t` with unique part `u`.
+    pub fn intent(t: u64, u: &str, ask: Ask) -> Intent {
+        Intent::parse(&Intent::id(t, "", u, ask)).expect("a canonical intent id parses")
+    }
+
+    /// An ack of `offset` under `lease_id`, as an intent asks it.
+    pub fn ack_ask(offset: u64, lease_id: u64) -> Ask {
+        Ask::Settle {
+            offset,
+            lease_id,
+            action: Settle::Ack,
+        }
+    }
 
     /// Default topic rules.
     pub fn rules() -> Rules {

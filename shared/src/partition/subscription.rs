@@ -472,7 +472,7 @@ mod tests {
     use super::*;
     use crate::partition::lease::{lease, Cursor, Keys};
     use crate::partition::settle::{settle, Refused, Settle};
-    use crate::partition::testing::{manifest_with, rules};
+    use crate::partition::testing::{ack_ask, intent, manifest_with, rules};
 
     fn origin(id: &str, start: u64) -> Origin {
         Origin {
@@ -707,18 +707,6 @@ mod tests {
         assert!(needs_newer_log(&[LedgerOp::Purge], None, &log, 50));
     }
 
-    fn intent_at(t: u64, u: &str, ask: Ask) -> Intent {
-        Intent::parse(&Intent::id(t, "", u, ask)).unwrap()
-    }
-
-    fn ack_ask(offset: u64, lease_id: u64) -> Ask {
-        Ask::Settle {
-            offset,
-            lease_id,
-            action: Settle::Ack,
-        }
-    }
-
     #[test]
     fn intents_land_once_in_id_order_after_the_batchs_own_operations() {
         let log = manifest_with(4);
@@ -731,7 +719,7 @@ mod tests {
         apply(&mut s, &log, 10, &rules(), (&[one], &Keys::default()));
         assert_eq!(s.leases.keys().copied().collect::<Vec<_>>(), vec![0]);
         s.version = 4;
-        let lease = intent_at(
+        let lease = intent(
             20,
             "b",
             Ask::Lease {
@@ -739,8 +727,8 @@ mod tests {
                 max_bytes: u64::MAX,
             },
         );
-        let ack = intent_at(30, "c", ack_ask(0, 3));
-        let stale = intent_at(25, "d", ack_ask(3, 1));
+        let ack = intent(30, "c", ack_ask(0, 3));
+        let stale = intent(25, "d", ack_ask(3, 1));
         // The batch's own lease comes first; the lease intent after it, in id order.
         let listed = [ack.clone(), lease.clone(), stale.clone(), ack.clone()];
         let (own, _, landed) = apply_landing(
@@ -775,7 +763,7 @@ mod tests {
             apply_landing(&mut s, &log, 50, &rules(), (&[], &Keys::default()), &listed);
         assert_eq!((again, &s), (0, &before));
         // Passed over: an id at or below `combined_through` never lands.
-        let late = intent_at(21, "e", ack_ask(1, 4));
+        let late = intent(21, "e", ack_ask(1, 4));
         assert_eq!(intent::status(&s, &late.id), intent::Status::Dead);
     }
 
@@ -787,7 +775,7 @@ mod tests {
         let text = String::from_utf8(s.encode().unwrap().to_vec()).unwrap();
         assert!(!text.contains("combined_through"), "{text}");
         let log = manifest_with(1);
-        let i = intent_at(
+        let i = intent(
             5,
             "x",
             Ask::Lease {

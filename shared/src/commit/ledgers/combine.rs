@@ -33,7 +33,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::super::batch::MAX_OWN_INTENTS;
@@ -46,7 +45,6 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::partition::intent::{self, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, SubscriptionState};
 use crate::partition::{Manifest, Rules};
-use crate::store::StoreError;
 
 /// What a ledger's committer listed beside its last commit, for the next to land.
 #[derive(Debug)]
@@ -183,7 +181,9 @@ impl Committer {
                 Step::Answer(_) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
                     let n = own.len() as u64;
-                    self.stats.ledger_intents_by_others.fetch_add(n, Ordering::Relaxed);
+                    self.stats
+                        .ledger_intents_by_others
+                        .fetch_add(n, Ordering::Relaxed);
                     return Ok(Awaited::Decided(own));
                 }
                 Step::GiveUp => {
@@ -250,17 +250,8 @@ impl Committer {
             .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
         let key = format!("{}{id}", q.intents_prefix);
         self.stats.ledger_intents.fetch_add(1, Ordering::Relaxed);
-        match self.store.put_if_absent(&key, Bytes::new()).await {
-            Ok(_) => Ok(intent),
-            // It may have landed: write it again, and a conflict then says it did.
-            Err(StoreError::Unavailable(_)) => {
-                match self.store.put_if_absent(&key, Bytes::new()).await {
-                    Ok(_) | Err(StoreError::Conflict) => Ok(intent),
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.put_intent(&key).await?;
+        Ok(intent)
     }
 
     /// The intents of the ledger listed after `after` (one LIST), oldest first, young
