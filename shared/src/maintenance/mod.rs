@@ -131,35 +131,7 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
             Err(e) => return Err(e),
         };
         report.topics += 1;
-        // Ledgers of subscriptions the topic no longer has (listed before the topic was
-        // read: a subscription created since has no ledger in the listing), and ledger
-        // intents past the grace period.
-        let now = broker.clock().now_ms();
-        for k in &objects {
-            let Some(o) = keys::subscription_object(name, k) else {
-                continue;
-            };
-            let live = topic.subscription(o.name).is_some_and(|r| r.id == o.id);
-            let counter = match o.intent {
-                None if live => continue,
-                None => &mut report.subscription_ledgers_deleted,
-                Some(id) => {
-                    // Ids without a time (written by something else) are left alone.
-                    let Some(written) = keys::segment_time(id) else {
-                        continue;
-                    };
-                    let old = now.saturating_sub(written) > grace.as_millis() as u64;
-                    if live && !old {
-                        continue;
-                    }
-                    &mut report.ledger_intents_deleted
-                }
-            };
-            if !dry_run {
-                broker.store().delete(k).await?;
-            }
-            *counter += 1;
-        }
+        subscription_objects(broker, pass, (&topic, &objects), &mut report).await?;
         for p in 0..topic.settings.partitions {
             report.partitions += 1;
             match partition(broker, pass, &topic, p, &objects, &mut report).await {
@@ -178,6 +150,46 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
     )
     .await?;
     Ok(report)
+}
+
+/// Deletes the ledgers of subscriptions `topic` no longer has (listed before the topic
+/// was read: a subscription created since has no ledger in `objects`), and ledger intents
+/// past the grace period or of such subscriptions.
+///
+/// Errors: the store's.
+async fn subscription_objects(
+    broker: &Broker,
+    pass: Pass,
+    (topic, objects): (&Topic, &[&str]),
+    report: &mut GcReport,
+) -> BrokerResult<()> {
+    let now = broker.clock().now_ms();
+    for k in objects {
+        let Some(o) = keys::subscription_object(&topic.name, k) else {
+            continue;
+        };
+        let live = topic.subscription(o.name).is_some_and(|r| r.id == o.id);
+        let counter = match o.intent {
+            None if live => continue,
+            None => &mut report.subscription_ledgers_deleted,
+            Some(id) => {
+                // Ids without a time (written by something else) are left alone.
+                let Some(written) = keys::segment_time(id) else {
+                    continue;
+                };
+                let old = now.saturating_sub(written) > pass.grace.as_millis() as u64;
+                if live && !old {
+                    continue;
+                }
+                &mut report.ledger_intents_deleted
+            }
+        };
+        if !pass.dry_run {
+            broker.store().delete(k).await?;
+        }
+        *counter += 1;
+    }
+    Ok(())
 }
 
 /// Logs and counts a topic or partition this pass leaves alone.

@@ -207,23 +207,10 @@ impl Committer {
                     round_trip = started.elapsed();
                 }
                 Step::Consider => {
-                    let found = self
-                        .list_ledger_intents(q, &snap.value.combined_through)
-                        .await;
-                    let listed = Listed {
-                        segments: Vec::new(),
-                        intents: found,
-                    };
-                    let mine = Own {
-                        segment: None,
-                        intents: own.clone(),
-                    };
-                    if !older_pending(&listed, &mine, self.clock.now_ms()) {
+                    let through = &snap.value.combined_through;
+                    if let Some(listed) = self.may_take_over(q, through, &own).await {
                         self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
-                        return Ok(Awaited::TakeOver {
-                            own,
-                            listed: listed.intents,
-                        });
+                        return Ok(Awaited::TakeOver { own, listed });
                     }
                 }
                 Step::Wait => {}
@@ -234,6 +221,25 @@ impl Committer {
             .list_ledger_intents(q, &snap.value.combined_through)
             .await;
         Ok(Awaited::TakeOver { own, listed })
+    }
+
+    /// What a listing after `through` finds pending, unless another writer's intent older
+    /// than every one of `own` is among it (that writer takes over first).
+    async fn may_take_over(
+        &self,
+        q: &LedgerQueue,
+        through: &str,
+        own: &[Intent],
+    ) -> Option<Vec<Intent>> {
+        let listed = Listed {
+            segments: Vec::new(),
+            intents: self.list_ledger_intents(q, through).await,
+        };
+        let mine = Own {
+            segment: None,
+            intents: own.to_vec(),
+        };
+        (!older_pending(&listed, &mine, self.clock.now_ms())).then_some(listed.intents)
     }
 
     /// Writes one intent of the ledger asking `ask`, its id above `after`.

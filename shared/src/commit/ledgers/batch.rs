@@ -1,0 +1,280 @@
+//! One batch of a ledger's queue (none: a sweep): routed as intents or as it is
+//! ([`combine`](super::combine)), committed in one conditional write with what the role
+//! lists beside it, and answered.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::change::LedgerChange;
+use super::combine::Awaited;
+use super::known::{note_batch, Known};
+use super::{Answer, LedgerQueue};
+use crate::cas::Cell;
+use crate::commit::role::{Attempts, Confirmed};
+use crate::commit::{lock, Committer};
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::intent::Intent;
+use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, SubscriptionState};
+use crate::partition::{Layout, Rules};
+
+/// How a batch's operations reach the ledger ([`Committer::route`]).
+enum Routed {
+    /// Other processes' commits decided every one of its intents (in batch order).
+    Decided(Vec<Intent>),
+    /// This process writes the ledger.
+    Commit(Route),
+}
+
+/// What a commit of the ledger applies.
+struct Route {
+    /// The batch's own intents, when it took over: they land as listed ones, and its
+    /// operations are answered from their outcomes. `None`: its operations apply as
+    /// they are.
+    own: Option<Vec<Intent>>,
+    /// The intents it lands (other processes', and its own).
+    landing: Vec<Intent>,
+}
+
+/// What one ledger commit did, as the role and the counters need it.
+#[derive(Debug, Clone, Copy)]
+struct Did {
+    /// Conditional writes tried.
+    attempts: u32,
+    /// Intents the last attempt landed.
+    landed: usize,
+    /// Whether it wrote (else it kept the ledger as it was).
+    wrote: bool,
+    /// The batch's operations applied as they are (0 for a sweep or a takeover).
+    direct: usize,
+}
+
+impl Committer {
+    /// One batch (none: a sweep): apply every operation to the ledger in one write over
+    /// the log as known (read again when [`needs_log`] says so), landing other processes'
+    /// intents when this process is the committer, or write them as intents when the
+    /// ledger is contended ([`combine`]); and answer each. Returns what the next batch may
+    /// start from.
+    pub(super) async fn ledger_batch(
+        &self,
+        q: &LedgerQueue,
+        (batch, rules): (Vec<(LedgerOp, Rules, Answer)>, Rules),
+        mut known: Known,
+    ) -> Known {
+        known.quiet = None;
+        known.figures = None;
+        let ops: Vec<LedgerOp> = batch.iter().map(|(op, _, _)| *op).collect();
+        let fail = |batch: Vec<(LedgerOp, Rules, Answer)>, e: BrokerError| {
+            for (_, _, tx) in batch {
+                tx.fail(e.clone());
+            }
+        };
+        if let Err(e) = self.know_for_batch(q, (&ops, &rules), &mut known).await {
+            fail(batch, e);
+            return known;
+        }
+        let route = match self.route(q, (&ops, &rules), &mut known).await {
+            Ok(Routed::Decided(own)) => {
+                self.answer_intents(q, batch, &own, &mut known).await;
+                return known;
+            }
+            Ok(Routed::Commit(route)) => route,
+            Err(e) => {
+                fail(batch, e);
+                return known;
+            }
+        };
+        if batch.is_empty() && route.landing.is_empty() {
+            lock(&q.state).role.swept(false, Instant::now());
+            return known;
+        }
+        let now = self.clock.now_ms();
+        let (done, layout) = self
+            .commit_ledger(q, (&ops, &rules, now), &route, &mut known)
+            .await;
+        let outcomes = match done {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                fail(batch, e);
+                return known;
+            }
+        };
+        if let Some(own) = route.own {
+            self.answer_intents(q, batch, &own, &mut known).await;
+            return known;
+        }
+        if let Some(state) = &known.ledger {
+            known.keys.forget_below(state.value.frontier);
+        }
+        let drained = ops.iter().zip(&outcomes).any(|(op, out)| {
+            matches!((op, out), (LedgerOp::Lease { max, .. }, LedgerOutcome::Leased(l))
+                if l.grants.len() + l.dead.len() < *max)
+        });
+        note_batch(&mut known, drained, &rules, now);
+        for ((_, _, tx), out) in batch.into_iter().zip(outcomes) {
+            tx.answer(out, &layout, false);
+        }
+        known
+    }
+
+    /// What a batch must know before it is routed: the ledger on an ordered topic (its key
+    /// pass runs on a copy), and the log ([`Committer::know_log`]).
+    ///
+    /// Errors: the reads'.
+    async fn know_for_batch(
+        &self,
+        q: &LedgerQueue,
+        (ops, rules): (&[LedgerOp], &Rules),
+        known: &mut Known,
+    ) -> BrokerResult<()> {
+        if rules.ordered && known.ledger.is_none() {
+            let cell =
+                Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+            known.ledger = Some(cell.read::<BrokerError>().await?);
+        }
+        if let Err(e) = self.know_log(q, ops, known).await {
+            known.log = None;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// How the batch `ops` reaches the ledger: as intents another process's commit may
+    /// decide, or may leave this process to land ([`combine`]); or as they are, with
+    /// what the committer lands beside them.
+    ///
+    /// Errors: an intent's write or a read failing; [`BrokerError::Contention`] when an
+    /// intent's fate can no longer be told.
+    async fn route(
+        &self,
+        q: &LedgerQueue,
+        (ops, rules): (&[LedgerOp], &Rules),
+        known: &mut Known,
+    ) -> BrokerResult<Routed> {
+        if self.ledger_combines(q, ops, rules, known) {
+            return Ok(match self.await_intents(q, ops, known).await? {
+                Awaited::Decided(own) => Routed::Decided(own),
+                Awaited::TakeOver { own, mut listed } => {
+                    listed.extend(own.iter().cloned());
+                    Routed::Commit(Route {
+                        own: Some(own),
+                        landing: listed,
+                    })
+                }
+            });
+        }
+        let landing = if !rules.ordered && lock(&q.state).role.is_committer() {
+            let state = known.ledger.as_ref().map(|l| &l.value);
+            self.ledger_landing(q, state).await
+        } else {
+            Vec::new()
+        };
+        Ok(Routed::Commit(Route { own: None, landing }))
+    }
+
+    /// The conditional write of `route` (the batch `ops` as they are, or its intents)
+    /// with the listing the role calls for beside it; records what it did in the role and
+    /// the counters. Returns the outcomes of the operations applied as they are, and the
+    /// layout of the log the write used.
+    async fn commit_ledger(
+        &self,
+        q: &LedgerQueue,
+        (ops, rules, now): (&[LedgerOp], &Rules, u64),
+        route: &Route,
+        known: &mut Known,
+    ) -> (BrokerResult<Vec<LedgerOutcome>>, Arc<Layout>) {
+        let direct: &[LedgerOp] = if route.own.is_some() { &[] } else { ops };
+        let asked: Vec<LedgerOp> = direct
+            .iter()
+            .copied()
+            .chain(route.landing.iter().map(|i| subscription::op_of(i.ask)))
+            .collect();
+        // Taken out while the ledger changes beside it; put back below.
+        let Some((log_snap, read_at)) = known.log.take() else {
+            let e = BrokerError::Internal("the log was not read".into());
+            return (Err(e), Arc::default());
+        };
+        if rules.ordered {
+            let layout = log_snap.value.layout();
+            let log = &log_snap.value;
+            self.know_keys(q, (ops, rules, now), (log, &layout), known)
+                .await;
+        }
+        let beside = self.ledger_beside(q, known.ledger.as_ref().map(|l| &l.value), rules);
+        let mut known_log = (log_snap, read_at);
+        let cell =
+            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+        let mut change = LedgerChange {
+            logs: Cell::new(&*self.store, &*self.ids, &q.manifest_key, &q.incarnation),
+            log: &mut known_log,
+            ops: direct,
+            intents: &route.landing,
+            asked: &asked,
+            attempts: 0,
+            landed: 0,
+            wrote: false,
+            rules: *rules,
+            now,
+            keys: &known.keys,
+            // `know_log` checked the log against the ledger this process knew, for the
+            // batch's own operations only.
+            checked: if route.landing.is_empty() {
+                known.ledger.as_ref().map(|l| l.etag.clone())
+            } else {
+                None
+            },
+        };
+        let (done, looked) = futures::join!(
+            cell.update_in(&mut known.ledger, &mut change),
+            self.list_ledger_beside(q, &beside)
+        );
+        let did = Did {
+            attempts: change.attempts,
+            landed: change.landed,
+            wrote: change.wrote,
+            direct: direct.len(),
+        };
+        // The layout of the log the commit used (a retry may have read it again).
+        let layout = Arc::new(known_log.0.value.layout());
+        known.log = Some(known_log);
+        let state = known.ledger.as_ref().map(|l| &l.value);
+        if let Some(look) = looked {
+            self.ledger_looked(q, look, state);
+        }
+        self.committed_ledger(q, route, did, done.is_ok());
+        (done.map_err(BrokerError::from), layout)
+    }
+
+    /// Records in the role and the counters what a commit of `route` did.
+    fn committed_ledger(&self, q: &LedgerQueue, route: &Route, did: Did, ok: bool) {
+        let now = Instant::now();
+        let own = route.own.as_ref().map(Vec::len);
+        let sweep = did.direct == 0 && own.is_none();
+        {
+            let mut st = lock(&q.state);
+            let a = Attempts {
+                tries: did.attempts,
+                confirmed: Confirmed::No,
+                callers: !sweep,
+            };
+            st.role.committed(a, now);
+            if did.landed > own.unwrap_or(0) {
+                st.role.mark_contended(now);
+            }
+            if sweep {
+                st.role.swept(did.landed > 0, now);
+            }
+            if own.is_some() && ok {
+                st.role.become_committer();
+            }
+        }
+        if ok && did.wrote {
+            self.stats.ledger_commits.fetch_add(1, Ordering::Relaxed);
+            let n = (did.direct + did.landed) as u64;
+            self.stats
+                .ledger_committed_ops
+                .fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
