@@ -16,7 +16,7 @@ use narad_shared::broker::{Broker, NewMessage, Settle};
 use narad_shared::clock::{Clock, RandomIds, SystemClock};
 use narad_shared::config::BrokerOptions;
 use narad_shared::settings::SettingsInput;
-use narad_shared::store::metered::{Counts, MeteredStore};
+use narad_shared::store::metered::{Counts, MeteredStore, StoreOp};
 use narad_shared::store::DynStore;
 
 async fn broker(store: DynStore) -> Arc<Broker> {
@@ -145,7 +145,7 @@ async fn steady(metered: &MeteredStore, stretch: Duration, what: &str) -> (Count
     eprintln!(
         "{what}: {} requests in {stretch:?} ({per_minute:.1}/min; {} lists, {} gets)",
         used.total(),
-        used.op("list"),
+        used.op(StoreOp::List),
         used.gets()
     );
     (used, per_minute)
@@ -180,7 +180,7 @@ async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news
     assert!(
         per_minute <= 30.0,
         "idle consumers cost {per_minute:.1} requests a minute ({:?})",
-        used.0
+        used
     );
     assert_eq!(used.gets(), 0, "an unchanged partition is not read");
 
@@ -283,7 +283,7 @@ async fn sixteen_idle_consumers_of_a_subscription_read_each_partition_only_every
     assert!(
         per_minute <= 200.0,
         "idle consumers of a subscription cost {per_minute:.1} requests a minute ({:?})",
-        used.0
+        used
     );
 
     // News through another process reaches them within one interval.

@@ -21,7 +21,7 @@ use narad_shared::access::Users;
 use narad_shared::broker::Broker;
 use narad_shared::clock::{IdSource, RandomIds, SystemClock};
 use narad_shared::config::{Config, Credential};
-use narad_shared::store::metered::{Counts, MeteredStore};
+use narad_shared::store::metered::{Counts, MeteredStore, StoreOp};
 
 mod servers;
 use narad_shared::store::{self, DynStore, StoreError};
@@ -445,11 +445,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let mut total = Counts::default();
     for p in &phases {
         print_phase(p, cas_rate);
-        for i in 0..5 {
-            for j in 0..5 {
-                total.0[i][j] += p.counts.0[i][j];
-            }
-        }
+        total = total.plus(&p.counts);
     }
     for p in &phases {
         let (others, rewrites, polls, takeovers, sweeps) = p.combining;
@@ -485,7 +481,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         println!("CPU us/msg: the narad serve processes' CPU (user + system) per message");
     }
     let n = args.messages.max(1) as f64;
-    let dollars = ((total.puts() + total.op("list")) as f64 * PUT_PRICE
+    let dollars = ((total.puts() + total.op(StoreOp::List)) as f64 * PUT_PRICE
         + total.gets() as f64 * GET_PRICE)
         / n
         * 1e6;
@@ -527,7 +523,7 @@ fn print_phase(p: &Phase, cas_rate: f64) {
     let pct = |q: f64| percentile_ms(&p.latencies, q);
     let rate = p.messages as f64 / p.elapsed.as_secs_f64().max(1e-9);
     let n = p.messages.max(1) as f64;
-    let dollars = ((p.counts.puts() + p.counts.op("list")) as f64 * PUT_PRICE
+    let dollars = ((p.counts.puts() + p.counts.op(StoreOp::List)) as f64 * PUT_PRICE
         + p.counts.gets() as f64 * GET_PRICE)
         / n
         * 1e6;
@@ -544,7 +540,7 @@ fn print_phase(p: &Phase, cas_rate: f64) {
         p.counts.total() as f64 / n,
         p.errors,
         dollars,
-        p.counts.op("list") as f64 / n,
+        p.counts.op(StoreOp::List) as f64 / n,
         p.ops_per_commit,
         p.cpu
             .map_or_else(|| "-".to_owned(), |c| format!("{:.1}", c / n * 1e6))

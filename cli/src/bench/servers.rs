@@ -10,7 +10,7 @@ use std::time::Duration;
 use narad_shared::access::Users;
 use narad_shared::broker::Broker;
 use narad_shared::http;
-use narad_shared::store::metered::{Counts, OPS, OUTCOMES};
+use narad_shared::store::metered::{Counts, Outcome, StoreOp};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -49,11 +49,7 @@ impl Snapshot {
     }
 
     fn add(&mut self, other: &Snapshot) {
-        for i in 0..OPS.len() {
-            for j in 0..OUTCOMES.len() {
-                self.counts.0[i][j] += other.counts.0[i][j];
-            }
-        }
+        self.counts = self.counts.plus(&other.counts);
         self.commits += other.commits;
         self.committed_ops += other.committed_ops;
         self.by_others += other.by_others;
@@ -85,11 +81,8 @@ fn parse_metrics(text: &str) -> Snapshot {
             let (Some(op), Some(outcome)) = (field("op"), field("outcome")) else {
                 continue;
             };
-            if let (Some(i), Some(j)) = (
-                OPS.iter().position(|o| *o == op),
-                OUTCOMES.iter().position(|o| *o == outcome),
-            ) {
-                s.counts.0[i][j] = v as u64;
+            if let (Some(op), Some(outcome)) = (StoreOp::parse(op), Outcome::parse(outcome)) {
+                s.counts.add(op, outcome, v as u64);
             }
         } else if name == "narad_commits_total" || name == "narad_ledger_commits_total" {
             // A subscription's consumes and acks write its ledger, not the manifest.
@@ -267,7 +260,7 @@ mod tests {
                     # TYPE narad_commits_total counter\nnarad_commits_total 5\n\
                     narad_committed_operations_total 12\n";
         let s = parse_metrics(text);
-        assert_eq!(s.counts.of("get", "ok"), 7);
+        assert_eq!(s.counts.get(StoreOp::Get, Outcome::Ok), 7);
         assert_eq!(s.counts.failed_puts(), 3);
         assert_eq!((s.commits, s.committed_ops), (5.0, 12.0));
     }

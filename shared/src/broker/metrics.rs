@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 
 use super::Broker;
 use crate::commit::Figures;
-use crate::store::metered::{OPS, OUTCOMES};
 
 /// One topic's figures for `/metrics`: backlog, in flight, delayed, and the oldest
 /// unsettled age in ms (if known).
@@ -33,14 +32,12 @@ impl Broker {
             "# HELP narad_storage_requests_total Storage requests by operation and outcome.\n",
         );
         out.push_str("# TYPE narad_storage_requests_total counter\n");
-        for (i, op) in OPS.iter().enumerate() {
-            for (j, outcome) in OUTCOMES.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "narad_storage_requests_total{{op=\"{op}\",outcome=\"{outcome}\"}} {}",
-                    c.0[i][j]
-                );
-            }
+        for (op, outcome, n) in c.iter() {
+            let (op, outcome) = (op.name(), outcome.name());
+            let _ = writeln!(
+                out,
+                "narad_storage_requests_total{{op=\"{op}\",outcome=\"{outcome}\"}} {n}"
+            );
         }
         let commits = s.commits.load(Ordering::Relaxed);
         let ops = s.committed_ops.load(Ordering::Relaxed);

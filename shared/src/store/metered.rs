@@ -11,49 +11,146 @@ use bytes::Bytes;
 
 use super::{DynStore, ETag, Fetched, Listed, Object, Store, StoreError, StoreResult};
 
-/// Operations, in the order [`Counts`] reports them.
-pub const OPS: [&str; 5] = ["get", "put_if_absent", "put_if_match", "delete", "list"];
-/// Outcomes, in the order [`Counts`] reports them.
-pub const OUTCOMES: [&str; 5] = ["ok", "conflict", "not_found", "unavailable", "error"];
+/// A kind of storage request, as counted and billed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreOp {
+    /// A read, conditional or not.
+    Get,
+    /// A create-if-absent write.
+    PutIfAbsent,
+    /// A replace-if-unchanged write.
+    PutIfMatch,
+    /// A delete.
+    Delete,
+    /// A listing of any kind.
+    List,
+}
 
-/// Request counts: `counts[op][outcome]` with indices into [`OPS`] and [`OUTCOMES`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts(pub [[u64; 5]; 5]);
+impl StoreOp {
+    /// Every operation, in the order [`Counts`] keeps them.
+    pub const ALL: [StoreOp; 5] = [
+        StoreOp::Get,
+        StoreOp::PutIfAbsent,
+        StoreOp::PutIfMatch,
+        StoreOp::Delete,
+        StoreOp::List,
+    ];
 
-impl Counts {
-    /// Requests of one operation, any outcome.
-    pub fn op(&self, op: &str) -> u64 {
-        OPS.iter()
-            .position(|o| *o == op)
-            .map_or(0, |i| self.0[i].iter().sum())
+    /// Its name in `/metrics` (`op="…"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreOp::Get => "get",
+            StoreOp::PutIfAbsent => "put_if_absent",
+            StoreOp::PutIfMatch => "put_if_match",
+            StoreOp::Delete => "delete",
+            StoreOp::List => "list",
+        }
     }
 
-    /// Requests of one operation with one outcome.
-    pub fn of(&self, op: &str, outcome: &str) -> u64 {
-        match (
-            OPS.iter().position(|o| *o == op),
-            OUTCOMES.iter().position(|o| *o == outcome),
-        ) {
-            (Some(i), Some(j)) => self.0[i][j],
-            _ => 0,
+    /// The operation named `name` in `/metrics`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.name() == name)
+    }
+}
+
+/// How a storage request ended, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// It succeeded.
+    Ok,
+    /// A conditional write lost (412/409).
+    Conflict,
+    /// The object was not there (a replace of a missing key).
+    NotFound,
+    /// The store was unavailable (a timeout, a 5xx, throttling).
+    Unavailable,
+    /// Anything else.
+    Error,
+}
+
+impl Outcome {
+    /// Every outcome, in the order [`Counts`] keeps them.
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Ok,
+        Outcome::Conflict,
+        Outcome::NotFound,
+        Outcome::Unavailable,
+        Outcome::Error,
+    ];
+
+    /// Its name in `/metrics` (`outcome="…"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Conflict => "conflict",
+            Outcome::NotFound => "not_found",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Error => "error",
         }
+    }
+
+    /// The outcome named `name` in `/metrics`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    /// How `r` ended.
+    pub fn of<T>(r: &StoreResult<T>) -> Self {
+        match r {
+            Ok(_) => Outcome::Ok,
+            Err(StoreError::Conflict) => Outcome::Conflict,
+            Err(StoreError::NotFound) => Outcome::NotFound,
+            Err(StoreError::Unavailable(_)) => Outcome::Unavailable,
+            Err(StoreError::Other(_) | StoreError::Corrupt(_)) => Outcome::Error,
+        }
+    }
+}
+
+/// Request counts by operation and outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts([[u64; 5]; 5]);
+
+impl Counts {
+    /// Requests of one operation with one outcome.
+    pub fn get(&self, op: StoreOp, outcome: Outcome) -> u64 {
+        self.0[op as usize][outcome as usize]
+    }
+
+    /// Adds `n` requests of `op` that ended with `outcome`.
+    pub fn add(&mut self, op: StoreOp, outcome: Outcome, n: u64) {
+        self.0[op as usize][outcome as usize] += n;
+    }
+
+    /// Every (operation, outcome, count), in the order of [`StoreOp::ALL`] and
+    /// [`Outcome::ALL`].
+    pub fn iter(&self) -> impl Iterator<Item = (StoreOp, Outcome, u64)> + '_ {
+        StoreOp::ALL.into_iter().flat_map(move |op| {
+            Outcome::ALL
+                .into_iter()
+                .map(move |outcome| (op, outcome, self.get(op, outcome)))
+        })
+    }
+
+    /// Requests of one operation, any outcome.
+    pub fn op(&self, op: StoreOp) -> u64 {
+        self.0[op as usize].iter().sum()
     }
 
     /// PUT requests (both conditional kinds), any outcome: what S3 bills as PUTs.
     pub fn puts(&self) -> u64 {
-        self.op("put_if_absent") + self.op("put_if_match")
+        self.op(StoreOp::PutIfAbsent) + self.op(StoreOp::PutIfMatch)
     }
 
     /// Conditional PUTs that lost (412/409): billed, but wasted.
     pub fn failed_puts(&self) -> u64 {
-        self.of("put_if_absent", "conflict")
-            + self.of("put_if_match", "conflict")
-            + self.of("put_if_match", "not_found")
+        self.get(StoreOp::PutIfAbsent, Outcome::Conflict)
+            + self.get(StoreOp::PutIfMatch, Outcome::Conflict)
+            + self.get(StoreOp::PutIfMatch, Outcome::NotFound)
     }
 
     /// GET requests.
     pub fn gets(&self) -> u64 {
-        self.op("get")
+        self.op(StoreOp::Get)
     }
 
     /// Every request.
@@ -64,10 +161,17 @@ impl Counts {
     /// `self - earlier`, for the requests made between two snapshots.
     pub fn since(&self, earlier: &Counts) -> Counts {
         let mut out = Counts::default();
-        for i in 0..5 {
-            for j in 0..5 {
-                out.0[i][j] = self.0[i][j].saturating_sub(earlier.0[i][j]);
-            }
+        for (op, outcome, n) in self.iter() {
+            out.add(op, outcome, n.saturating_sub(earlier.get(op, outcome)));
+        }
+        out
+    }
+
+    /// `self + other`.
+    pub fn plus(&self, other: &Counts) -> Counts {
+        let mut out = *self;
+        for (op, outcome, n) in other.iter() {
+            out.add(op, outcome, n);
         }
         out
     }
@@ -91,23 +195,18 @@ impl MeteredStore {
     /// The counts so far.
     pub fn counts(&self) -> Counts {
         let mut out = Counts::default();
-        for (i, row) in self.counts.iter().enumerate() {
-            for (j, c) in row.iter().enumerate() {
-                out.0[i][j] = c.load(Ordering::Relaxed);
+        for op in StoreOp::ALL {
+            for outcome in Outcome::ALL {
+                let n = self.counts[op as usize][outcome as usize].load(Ordering::Relaxed);
+                out.add(op, outcome, n);
             }
         }
         out
     }
 
-    fn record<T>(&self, op: usize, r: &StoreResult<T>) {
-        let outcome = match r {
-            Ok(_) => 0,
-            Err(StoreError::Conflict) => 1,
-            Err(StoreError::NotFound) => 2,
-            Err(StoreError::Unavailable(_)) => 3,
-            Err(StoreError::Other(_) | StoreError::Corrupt(_)) => 4,
-        };
-        self.counts[op][outcome].fetch_add(1, Ordering::Relaxed);
+    fn record<T>(&self, op: StoreOp, r: &StoreResult<T>) {
+        let outcome = Outcome::of(r);
+        self.counts[op as usize][outcome as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -115,62 +214,62 @@ impl MeteredStore {
 impl Store for MeteredStore {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
         let r = self.inner.get(key).await;
-        self.record(0, &r);
+        self.record(StoreOp::Get, &r);
         r
     }
 
     async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
         let r = self.inner.get_if_changed(key, etag).await;
-        self.record(0, &r);
+        self.record(StoreOp::Get, &r);
         r
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
         let r = self.inner.put_if_absent(key, data).await;
-        self.record(1, &r);
+        self.record(StoreOp::PutIfAbsent, &r);
         r
     }
 
     async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
         let r = self.inner.put_if_match(key, data, etag).await;
-        self.record(2, &r);
+        self.record(StoreOp::PutIfMatch, &r);
         r
     }
 
     async fn delete(&self, key: &str) -> StoreResult<()> {
         let r = self.inner.delete(key).await;
-        self.record(3, &r);
+        self.record(StoreOp::Delete, &r);
         r
     }
 
     async fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
         let r = self.inner.list(prefix).await;
-        self.record(4, &r);
+        self.record(StoreOp::List, &r);
         r
     }
 
     async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
         let r = self.inner.list_after(prefix, after, max).await;
-        self.record(4, &r);
+        self.record(StoreOp::List, &r);
         r
     }
 
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
         let r = self.inner.list_dirs(prefix, after, max).await;
-        self.record(4, &r);
+        self.record(StoreOp::List, &r);
         r
     }
 
     async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
         let r = self.inner.list_files(prefix).await;
-        self.record(4, &r);
+        self.record(StoreOp::List, &r);
         r
     }
 
     /// Counted as one delete, whatever number of folder keys the store deletes.
     async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
         let r = self.inner.delete_folders(prefix, deleted).await;
-        self.record(3, &r);
+        self.record(StoreOp::Delete, &r);
         r
     }
 
@@ -208,6 +307,15 @@ mod tests {
             (4, 2, 1, 5)
         );
         assert_eq!(c.since(&c).total(), 0);
+        assert_eq!(c.plus(&c).total(), 10);
+        assert_eq!(c.get(StoreOp::PutIfMatch, Outcome::Conflict), 1);
+        // Every name `/metrics` prints reads back as the same operation or outcome.
+        for op in StoreOp::ALL {
+            assert_eq!(StoreOp::parse(op.name()), Some(op));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(Outcome::parse(o.name()), Some(o));
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
