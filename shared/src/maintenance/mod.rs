@@ -254,7 +254,7 @@ async fn partition(
         }
     }
     // The manifest names the two it keeps: its newest checkpoint and the one before.
-    let previous = after.checkpoint[2];
+    let previous = after.checkpoint.previous;
     let ckpt_prefix = keys::checkpoints_prefix(&topic.name, p);
     for k in objects.iter().filter(|k| {
         k.starts_with(&ckpt_prefix) && keys::checkpoint_version(k).is_some_and(|v| v < previous)
