@@ -16,7 +16,9 @@ pub mod error;
 mod extract;
 mod handlers;
 pub mod limits;
+#[cfg(feature = "server")]
 mod serve;
+#[cfg(feature = "server")]
 pub mod tls;
 pub mod trace;
 mod views;
@@ -31,6 +33,7 @@ use axum::Router;
 
 pub use error::ApiError;
 pub use extract::parse_wait;
+#[cfg(feature = "server")]
 pub use serve::{connection_limit, serve};
 pub use views::rfc3339_ms;
 
