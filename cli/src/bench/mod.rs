@@ -104,310 +104,395 @@ struct Phase {
     latencies: Vec<Duration>,
     counts: Counts,
     ops_per_commit: f64,
-    /// Combining figures over the phase (see `servers::Snapshot`).
-    combining: (f64, f64, f64, f64, f64),
+    /// Combining figures over the phase.
+    combining: Combining,
     /// Server CPU seconds over the phase (with no `--processes`, the bench process's,
     /// clients included).
     cpu: Option<f64>,
     errors: usize,
 }
 
+/// How a phase's batches combined across processes (docs/design.md §6), from the
+/// servers' counters (`servers::Snapshot`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Combining {
+    /// Batches answered from another process's commit.
+    by_others: f64,
+    /// Combinable segments written again.
+    rewrites: f64,
+    /// Reads of a waiting writer.
+    polls: f64,
+    /// Waiting writers that committed themselves.
+    takeovers: f64,
+    /// A committer's sweeps.
+    sweeps: f64,
+}
+
+impl Combining {
+    /// Whether anything combined.
+    fn any(&self) -> bool {
+        self.by_others + self.rewrites + self.polls + self.takeovers + self.sweeps > 0.0
+    }
+}
+
 type Handles = Arc<Mutex<Vec<String>>>;
 
-pub async fn run(args: BenchArgs) -> Result<(), String> {
-    let cfg = Config::from_env().map_err(|e| e.to_string())?;
-    let inner = store::open_with_latency(&args.store, cfg.store_latency)
-        .await
-        .map_err(|e| format!("cannot open store {}: {e}", args.store))?;
-    let metered = MeteredStore::new(inner.clone());
-    let store: DynStore = metered.clone();
-    let cas_rate = serial_cas_rate(&store, args.cas_ops).await?;
-    let put_rate = concurrent_put_rate(&store, 8, Duration::from_secs(2)).await?;
+/// What every phase runs against: the store (metered, and beneath the meter), the
+/// servers, the clients and the benchmark topic.
+struct Bench {
+    cfg: Config,
+    /// The store beneath the meter: reads that cost no counted request.
+    inner: DynStore,
+    /// The metered store.
+    store: DynStore,
+    servers: Servers,
+    /// `--rotate` over several processes.
+    rotate: bool,
+    /// Concurrent workers in each phase.
+    workers: usize,
+    clients: Arc<Vec<Client>>,
+    topic: String,
+    settings: Value,
+    payload: String,
+    /// The store's serial CAS rate and concurrent PUT rate, measured first.
+    cas_rate: f64,
+    put_rate: f64,
+}
 
-    let users = [Credential {
-        user: "bench".into(),
-        password: "bench".into(),
-    }];
-    // A users file (NARAD_USERS or NARAD_USERS_FILE) that admits bench:bench measures
-    // the Argon2 path with its cache; otherwise bench:bench has every right.
-    let admitted = match Users::from_config(&cfg).map_err(|e| e.to_string())? {
-        Some(u) => u,
-        None => Users::full_rights(&users),
-    };
-    let servers = if args.processes == 0 {
-        Servers::in_process(broker_on(store.clone(), &cfg).await?, admitted).await?
-    } else {
-        Servers::processes(args.processes, &args.store, "bench:bench").await?
-    };
-    let rotate = args.rotate && servers.bases.len() > 1;
-    let workers = match rotate {
-        true => args.connections.max(1),
-        false => args.connections.max(1) * servers.bases.len(),
-    };
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(workers)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let topic = format!("bench-{}", RandomIds.new_id());
-    let settings = json!({
-        "partitions": args.partitions,
-        "visibility_timeout_ms": 600_000,
-        "max_in_flight_per_partition": 10_000,
-        "max_acked_ahead_per_partition": 10_000,
-        "ordering": args.ordering,
-    });
-    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let clients: Vec<Client> = servers
-        .bases
-        .iter()
-        .map(|base| Client {
-            http: http.clone(),
-            base: base.clone(),
-            rotation: rotate.then(|| Rotation {
-                bases: Arc::new(servers.bases.clone()),
-                next: Arc::default(),
-            }),
-            topic: topic.clone(),
-            subscription: None,
-            batch: args.batch.max(1),
-            keys: args.keys,
-            sent: sent.clone(),
-        })
-        .collect();
-    let c = clients[0].clone();
-    let r = c
-        .send(
-            reqwest::Method::PUT,
-            &format!("/v1/topics/{topic}"),
-            settings.to_string(),
-        )
-        .await?;
-    if !r.status().is_success() {
-        return Err(format!("create topic: {}", r.status()));
+impl Bench {
+    /// Measures the store's baselines, starts the servers and creates the topic.
+    async fn start(args: &BenchArgs) -> Result<Self, String> {
+        let cfg = Config::from_env().map_err(|e| e.to_string())?;
+        let inner = store::open_with_latency(&args.store, cfg.store_latency)
+            .await
+            .map_err(|e| format!("cannot open store {}: {e}", args.store))?;
+        let metered = MeteredStore::new(inner.clone());
+        let store: DynStore = metered.clone();
+        let cas_rate = serial_cas_rate(&store, args.cas_ops).await?;
+        let put_rate = concurrent_put_rate(&store, 8, Duration::from_secs(2)).await?;
+        let users = [Credential {
+            user: "bench".into(),
+            password: "bench".into(),
+        }];
+        // A users file (NARAD_USERS or NARAD_USERS_FILE) that admits bench:bench measures
+        // the Argon2 path with its cache; otherwise bench:bench has every right.
+        let admitted = match Users::from_config(&cfg).map_err(|e| e.to_string())? {
+            Some(u) => u,
+            None => Users::full_rights(&users),
+        };
+        let servers = if args.processes == 0 {
+            Servers::in_process(broker_on(store.clone(), &cfg).await?, admitted).await?
+        } else {
+            Servers::processes(args.processes, &args.store, "bench:bench").await?
+        };
+        let rotate = args.rotate && servers.bases.len() > 1;
+        let workers = match rotate {
+            true => args.connections.max(1),
+            false => args.connections.max(1) * servers.bases.len(),
+        };
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(workers)
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let topic = format!("bench-{}", RandomIds.new_id());
+        let settings = json!({
+            "partitions": args.partitions,
+            "visibility_timeout_ms": 600_000,
+            "max_in_flight_per_partition": 10_000,
+            "max_acked_ahead_per_partition": 10_000,
+            "ordering": args.ordering,
+        });
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let clients: Vec<Client> = servers
+            .bases
+            .iter()
+            .map(|base| Client {
+                http: http.clone(),
+                base: base.clone(),
+                rotation: rotate.then(|| Rotation {
+                    bases: Arc::new(servers.bases.clone()),
+                    next: Arc::default(),
+                }),
+                topic: topic.clone(),
+                subscription: None,
+                batch: args.batch.max(1),
+                keys: args.keys,
+                sent: sent.clone(),
+            })
+            .collect();
+        let payload = format!(
+            "{{\"pad\":\"{}\"}}",
+            "x".repeat(args.payload_bytes.saturating_sub(10))
+        );
+        let b = Bench {
+            cfg,
+            inner,
+            store,
+            servers,
+            rotate,
+            workers,
+            clients: Arc::new(clients),
+            topic,
+            settings,
+            payload,
+            cas_rate,
+            put_rate,
+        };
+        b.put(&format!("/v1/topics/{}", b.topic), b.settings.to_string())
+            .await
+            .map_err(|e| format!("create topic: {e}"))?;
+        Ok(b)
     }
-    let payload = format!(
-        "{{\"pad\":\"{}\"}}",
-        "x".repeat(args.payload_bytes.saturating_sub(10))
-    );
 
-    // Manifest sizes are read from the store beneath the meter, so they cost no counted request.
-    let sizes = ManifestSizes::new(inner.clone(), &topic, args.partitions);
+    /// Worker `w`'s client, for a phase's closure.
+    fn picker(&self) -> impl Fn(usize) -> Client + Clone + Send + Sync + 'static {
+        let clients = self.clients.clone();
+        move |w| clients[w % clients.len()].clone()
+    }
+
+    /// A `PUT` of `body` to `path` through the first client.
+    ///
+    /// Errors: the request's, or the status and body of an answer that is no success.
+    async fn put(&self, path: &str, body: String) -> Result<(), String> {
+        let r = self.clients[0]
+            .send(reqwest::Method::PUT, path, body)
+            .await?;
+        if r.status().is_success() {
+            return Ok(());
+        }
+        let status = r.status();
+        Err(format!("{status} {}", r.text().await.unwrap_or_default()))
+    }
+
+    /// Deletes `topic`, whatever the answer.
+    async fn delete_topic(&self, topic: &str) {
+        let path = format!("/v1/topics/{topic}");
+        let _ = self.clients[0]
+            .send(reqwest::Method::DELETE, &path, String::new())
+            .await;
+    }
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), String> {
+    let b = Bench::start(&args).await?;
+    let sizes = ManifestSizes::new(b.inner.clone(), &b.topic, args.partitions);
+    let mut phases = vec![produce_phase(&b, &args).await?];
     let mut replay_probe = None;
-    let mut phases = Vec::new();
-    let clients = Arc::new(clients);
-    let pick = move |w: usize| clients[w % clients.len()].clone();
-    phases.push(
-        phase("produce", &servers, workers, &args, WorkerEnd::Stop, {
-            let (pick, payload) = (pick.clone(), payload.clone());
-            move |w, n| {
-                let (c, payload) = (pick(w), payload.clone());
-                async move { c.produce(&payload, n).await }
-            }
-        })
-        .await?,
-    );
     if args.split {
-        let handles: Handles = Arc::default();
-        phases.push(
-            phase("consume", &servers, workers, &args, WorkerEnd::Stop, {
-                let (pick, handles) = (pick.clone(), handles.clone());
-                move |w, n| {
-                    let (c, handles) = (pick(w), handles.clone());
-                    async move {
-                        let got = c.consume(n).await?;
-                        let k = got.len();
-                        handles
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .extend(got);
-                        Ok(k)
-                    }
-                }
-            })
-            .await?,
-        );
-        phases.push(
-            phase("ack", &servers, workers, &args, WorkerEnd::Stop, {
-                let (pick, handles) = (pick.clone(), handles.clone());
-                move |w, n| {
-                    let (c, handles) = (pick(w), handles.clone());
-                    async move {
-                        let mine: Vec<String> = {
-                            let mut h = handles.lock().unwrap_or_else(|p| p.into_inner());
-                            let k = n.min(h.len());
-                            h.drain(..k).collect()
-                        };
-                        c.ack(&mine).await
-                    }
-                }
-            })
-            .await?,
-        );
+        phases.extend(split_phases(&b, &args).await?);
     } else {
         sizes.record().await;
-        replay_probe = Some(replay_cost(&inner, &cfg, &topic).await?);
+        replay_probe = Some(replay_cost(&b.inner, &b.cfg, &b.topic).await?);
         let sampler = sizes.sample_every(Duration::from_millis(200));
-        let consume_ack = if args.piggyback {
-            // Each worker's handles not yet acked, acked with its next consume.
-            let held: Arc<Vec<Mutex<Vec<String>>>> =
-                Arc::new((0..workers).map(|_| Mutex::default()).collect());
-            let pick = pick.clone();
-            phase(
-                "consume+ack",
-                &servers,
-                workers,
-                &args,
-                WorkerEnd::Flush,
-                move |w, n| {
-                    let (c, held) = (pick(w), held.clone());
-                    async move {
-                        let mine =
-                            std::mem::take(&mut *held[w].lock().unwrap_or_else(|p| p.into_inner()));
-                        if n == 0 {
-                            c.ack(&mine).await?;
-                            return Ok(0);
-                        }
-                        let (leased, unsettled) = match c.consume_acking(n, &mine).await {
-                            Ok(done) => done,
-                            Err(e) => {
-                                *held[w].lock().unwrap_or_else(|p| p.into_inner()) = mine;
-                                return Err(e);
-                            }
-                        };
-                        c.ack(&unsettled).await?;
-                        let k = leased.len();
-                        *held[w].lock().unwrap_or_else(|p| p.into_inner()) = leased;
-                        Ok(k)
-                    }
-                },
-            )
-            .await?
-        } else {
-            let pick = pick.clone();
-            phase(
-                "consume+ack",
-                &servers,
-                workers,
-                &args,
-                WorkerEnd::Stop,
-                move |w, n| {
-                    let c = pick(w);
-                    async move {
-                        let got = c.consume(n).await?;
-                        c.ack(&got).await
-                    }
-                },
-            )
-            .await?
-        };
-        phases.push(consume_ack);
+        phases.push(consume_ack_phase(&b, &args).await?);
         sampler.abort();
     }
     if args.subscriptions > 0 {
-        let with_subs = format!("{topic}-subs");
-        let base: Vec<Client> = (0..servers.bases.len()).map(&pick).collect();
-        let producers: Arc<Vec<Client>> = Arc::new(
-            base.iter()
-                .map(|cl| Client {
-                    topic: with_subs.clone(),
-                    ..cl.clone()
-                })
-                .collect(),
-        );
-        let consumers: Arc<Vec<Client>> = Arc::new(
-            producers
-                .iter()
-                .map(|cl| Client {
-                    subscription: Some("s0".into()),
-                    ..cl.clone()
-                })
-                .collect(),
-        );
-        let r = c
-            .send(
-                reqwest::Method::PUT,
-                &format!("/v1/topics/{with_subs}"),
-                settings.to_string(),
-            )
-            .await?;
-        if !r.status().is_success() {
-            return Err(format!("create topic: {}", r.status()));
-        }
-        for i in 0..args.subscriptions {
-            let r = c
-                .send(
-                    reqwest::Method::PUT,
-                    &format!("/v1/topics/{with_subs}/subscriptions/s{i}"),
-                    String::new(),
-                )
-                .await?;
-            if !r.status().is_success() {
-                return Err(format!(
-                    "create subscription: {} {}",
-                    r.status(),
-                    r.text().await.unwrap_or_default()
-                ));
-            }
-        }
-        phases.push(
-            phase("produce/subs", &servers, workers, &args, WorkerEnd::Stop, {
-                let payload = payload.clone();
-                move |w, n| {
-                    let (c, payload) = (producers[w % producers.len()].clone(), payload.clone());
-                    async move { c.produce(&payload, n).await }
-                }
-            })
-            .await?,
-        );
-        phases.push(
-            phase("c+a/sub", &servers, workers, &args, WorkerEnd::Stop, {
-                move |w, n| {
-                    let c = consumers[w % consumers.len()].clone();
-                    async move {
-                        let got = c.consume(n).await?;
-                        c.ack(&got).await
-                    }
-                }
-            })
-            .await?,
-        );
-        let _ = c
-            .send(
-                reqwest::Method::DELETE,
-                &format!("/v1/topics/{with_subs}"),
-                String::new(),
-            )
-            .await;
+        phases.extend(subscription_phases(&b, &args).await?);
     }
     sizes.record().await;
-    let _ = c
-        .send(
-            reqwest::Method::DELETE,
-            &format!("/v1/topics/{topic}"),
-            String::new(),
+    b.delete_topic(&b.topic).await;
+    print_report(&b, &args, &phases);
+    println!("{}", sizes.report());
+    if let Some((topic_gets, cold, warm)) = replay_probe {
+        println!(
+            "replay of partition 0 offset 0 from a fresh process after the produce phase: \
+             {cold} GET cold, {warm} GET warm (plus {topic_gets} GET for the topic record, \
+             cached per process)"
+        );
+    }
+    b.servers.stop().await;
+    let errors: usize = phases.iter().map(|p| p.errors).sum();
+    if errors > 0 {
+        return Err(format!("{errors} requests failed"));
+    }
+    Ok(())
+}
+
+/// Single produces (or batches of `--batch`) to the benchmark topic.
+async fn produce_phase(b: &Bench, args: &BenchArgs) -> Result<Phase, String> {
+    let (pick, payload) = (b.picker(), b.payload.clone());
+    phase("produce", &b.servers, b.workers, args, WorkerEnd::Stop, {
+        move |w, n| {
+            let (c, payload) = (pick(w), payload.clone());
+            async move { c.produce(&payload, n).await }
+        }
+    })
+    .await
+}
+
+/// `--split`: a consume phase, then an ack phase of the handles it leased.
+async fn split_phases(b: &Bench, args: &BenchArgs) -> Result<Vec<Phase>, String> {
+    let handles: Handles = Arc::default();
+    let consume = phase("consume", &b.servers, b.workers, args, WorkerEnd::Stop, {
+        let (pick, handles) = (b.picker(), handles.clone());
+        move |w, n| {
+            let (c, handles) = (pick(w), handles.clone());
+            async move {
+                let got = c.consume(n).await?;
+                let k = got.len();
+                handles
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(got);
+                Ok(k)
+            }
+        }
+    })
+    .await?;
+    let ack = phase("ack", &b.servers, b.workers, args, WorkerEnd::Stop, {
+        let pick = b.picker();
+        move |w, n| {
+            let (c, handles) = (pick(w), handles.clone());
+            async move {
+                let mine: Vec<String> = {
+                    let mut h = handles.lock().unwrap_or_else(|p| p.into_inner());
+                    let k = n.min(h.len());
+                    h.drain(..k).collect()
+                };
+                c.ack(&mine).await
+            }
+        }
+    })
+    .await?;
+    Ok(vec![consume, ack])
+}
+
+/// Consume and ack each message (with `--piggyback`, the acks ride on the next consume).
+async fn consume_ack_phase(b: &Bench, args: &BenchArgs) -> Result<Phase, String> {
+    let pick = b.picker();
+    if !args.piggyback {
+        return phase(
+            "consume+ack",
+            &b.servers,
+            b.workers,
+            args,
+            WorkerEnd::Stop,
+            move |w, n| {
+                let c = pick(w);
+                async move {
+                    let got = c.consume(n).await?;
+                    c.ack(&got).await
+                }
+            },
         )
         .await;
-    servers.stop().await;
-
-    println!(
-        "narad bench: store {} | {} messages of {} bytes | {} | batch {} | {} partition(s)",
-        store.describe(),
-        args.messages,
-        payload.len(),
-        if args.processes == 0 {
-            format!("{} connection(s)", args.connections)
-        } else if rotate {
-            format!(
-                "{} narad serve processes, {} connection(s) rotating over them",
-                args.processes, args.connections
-            )
-        } else {
-            format!(
-                "{} narad serve processes x {} connection(s)",
-                args.processes, args.connections
-            )
+    }
+    // Each worker's handles not yet acked, acked with its next consume.
+    let held: Arc<Vec<Mutex<Vec<String>>>> =
+        Arc::new((0..b.workers).map(|_| Mutex::default()).collect());
+    phase(
+        "consume+ack",
+        &b.servers,
+        b.workers,
+        args,
+        WorkerEnd::Flush,
+        move |w, n| {
+            let (c, held) = (pick(w), held.clone());
+            async move {
+                let mine = std::mem::take(&mut *held[w].lock().unwrap_or_else(|p| p.into_inner()));
+                if n == 0 {
+                    c.ack(&mine).await?;
+                    return Ok(0);
+                }
+                let (leased, unsettled) = match c.consume_acking(n, &mine).await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        *held[w].lock().unwrap_or_else(|p| p.into_inner()) = mine;
+                        return Err(e);
+                    }
+                };
+                c.ack(&unsettled).await?;
+                let k = leased.len();
+                *held[w].lock().unwrap_or_else(|p| p.into_inner()) = leased;
+                Ok(k)
+            }
         },
+    )
+    .await
+}
+
+/// `--subscriptions N`: a second topic with N subscriptions; produces to it, then consumes
+/// and acks one of them.
+async fn subscription_phases(b: &Bench, args: &BenchArgs) -> Result<Vec<Phase>, String> {
+    let with_subs = format!("{}-subs", b.topic);
+    let producers: Arc<Vec<Client>> = Arc::new(
+        b.clients
+            .iter()
+            .map(|cl| Client {
+                topic: with_subs.clone(),
+                ..cl.clone()
+            })
+            .collect(),
+    );
+    let consumers: Arc<Vec<Client>> = Arc::new(
+        producers
+            .iter()
+            .map(|cl| Client {
+                subscription: Some("s0".into()),
+                ..cl.clone()
+            })
+            .collect(),
+    );
+    b.put(&format!("/v1/topics/{with_subs}"), b.settings.to_string())
+        .await
+        .map_err(|e| format!("create topic: {e}"))?;
+    for i in 0..args.subscriptions {
+        let path = format!("/v1/topics/{with_subs}/subscriptions/s{i}");
+        b.put(&path, String::new())
+            .await
+            .map_err(|e| format!("create subscription: {e}"))?;
+    }
+    let produce = phase(
+        "produce/subs",
+        &b.servers,
+        b.workers,
+        args,
+        WorkerEnd::Stop,
+        {
+            let payload = b.payload.clone();
+            move |w, n| {
+                let (c, payload) = (producers[w % producers.len()].clone(), payload.clone());
+                async move { c.produce(&payload, n).await }
+            }
+        },
+    )
+    .await?;
+    let consume = phase("c+a/sub", &b.servers, b.workers, args, WorkerEnd::Stop, {
+        move |w, n| {
+            let c = consumers[w % consumers.len()].clone();
+            async move {
+                let got = c.consume(n).await?;
+                c.ack(&got).await
+            }
+        }
+    })
+    .await?;
+    b.delete_topic(&with_subs).await;
+    Ok(vec![produce, consume])
+}
+
+/// Prints the run's shape, one line per phase, and the end-to-end figures.
+fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
+    let shape = if args.processes == 0 {
+        format!("{} connection(s)", args.connections)
+    } else if b.rotate {
+        format!(
+            "{} narad serve processes, {} connection(s) rotating over them",
+            args.processes, args.connections
+        )
+    } else {
+        format!(
+            "{} narad serve processes x {} connection(s)",
+            args.processes, args.connections
+        )
+    };
+    println!(
+        "narad bench: store {} | {} messages of {} bytes | {shape} | batch {} | {} partition(s)",
+        b.store.describe(),
+        args.messages,
+        b.payload.len(),
         args.batch.max(1),
         args.partitions
     );
@@ -422,8 +507,12 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             args.subscriptions
         );
     }
+    let cas_rate = b.cas_rate;
     println!("store serial CAS rate: {cas_rate:.1} commits/s (one writer: GET + conditional PUT per commit)");
-    println!("store request capacity: {put_rate:.1} PUT/s (8 concurrent writers of small new objects, from this process)");
+    println!(
+        "store request capacity: {:.1} PUT/s (8 concurrent writers of small new objects, from this process)",
+        b.put_rate
+    );
     println!();
     println!(
         "{:<12} {:>9} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>8} {:>10} {:>10}",
@@ -443,30 +532,30 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         "CPU us/msg"
     );
     let mut total = Counts::default();
-    for p in &phases {
+    for p in phases {
         print_phase(p, cas_rate);
         total = total.plus(&p.counts);
     }
-    for p in &phases {
-        let (others, rewrites, polls, takeovers, sweeps) = p.combining;
-        if others + rewrites + polls + takeovers + sweeps > 0.0 {
+    for p in phases {
+        let c = &p.combining;
+        if c.any() {
             let n = p.messages.max(1) as f64;
             println!(
                 "{}: combining across processes: {:.2} of messages answered from another process's commit, {:.3} segment rewrites/msg, {:.2} manifest polls/msg, {:.3} takeovers/msg, {:.3} sweeps/msg",
                 p.name,
-                others / n,
-                rewrites / n,
-                polls / n,
-                takeovers / n,
-                sweeps / n
+                c.by_others / n,
+                c.rewrites / n,
+                c.polls / n,
+                c.takeovers / n,
+                c.sweeps / n
             );
         }
     }
-    if !cfg.store_latency.is_zero() {
+    if !b.cfg.store_latency.is_zero() {
         // Every storage request waits the delay, so a request's latency over the delay
         // counts the round trips it made one after another (plus its CPU and any queueing).
-        let delay = cfg.store_latency.as_secs_f64() * 1000.0;
-        for p in &phases {
+        let delay = b.cfg.store_latency.as_secs_f64() * 1000.0;
+        for p in phases {
             println!(
                 "{}: p50 {:.1} ms = {:.2} sequential store round trips of {delay:.0} ms",
                 p.name,
@@ -493,19 +582,6 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         total.failed_puts() as f64 / n,
         total.total() as f64 / n
     );
-    println!("{}", sizes.report());
-    if let Some((topic_gets, cold, warm)) = replay_probe {
-        println!(
-            "replay of partition 0 offset 0 from a fresh process after the produce phase: \
-             {cold} GET cold, {warm} GET warm (plus {topic_gets} GET for the topic record, \
-             cached per process)"
-        );
-    }
-    let errors: usize = phases.iter().map(|p| p.errors).sum();
-    if errors > 0 {
-        return Err(format!("{errors} requests failed"));
-    }
-    Ok(())
 }
 
 /// The `q` quantile of `latencies`, in milliseconds (0 when there are none).
@@ -626,13 +702,13 @@ where
         elapsed,
         latencies,
         counts: used.counts,
-        combining: (
-            used.by_others,
-            used.rewrites,
-            used.polls,
-            used.takeovers,
-            used.sweeps,
-        ),
+        combining: Combining {
+            by_others: used.by_others,
+            rewrites: used.rewrites,
+            polls: used.polls,
+            takeovers: used.takeovers,
+            sweeps: used.sweeps,
+        },
         cpu: used.cpu,
         ops_per_commit: if used.commits > 0.0 {
             used.committed_ops / used.commits
