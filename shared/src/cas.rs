@@ -139,8 +139,8 @@ pub trait Stored: Clone + Send + Sync + Sized + 'static {
 
     /// The bytes to store.
     ///
-    /// Errors: a description of why the value cannot be encoded (a bug).
-    fn encode(&self) -> Result<Bytes, String>;
+    /// Errors: why the value cannot be encoded (a bug).
+    fn encode(&self) -> Result<Bytes, EncodeError>;
 
     /// Prepares a copy for the next write, before the change sees it.
     fn next_write(&mut self) {}
@@ -155,6 +155,21 @@ pub trait Stored: Clone + Send + Sync + Sized + 'static {
     fn written_by(&self, _write_id: &str) -> bool {
         false
     }
+}
+
+/// Why a stored object could not be encoded: a bug, never the caller's input (every
+/// stored type serialises).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// JSON serialisation failed.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Binary (postcard) serialisation failed.
+    #[error("postcard: {0}")]
+    Postcard(#[from] postcard::Error),
+    /// An absent record has nothing to write.
+    #[error("an absent record cannot be written")]
+    Absent,
 }
 
 /// A plain JSON record kept as one object; `Option<T>` is the stored state (`None`:
@@ -182,12 +197,10 @@ impl<T: JsonRecord> Stored for Option<T> {
         }
     }
 
-    fn encode(&self) -> Result<Bytes, String> {
+    fn encode(&self) -> Result<Bytes, EncodeError> {
         match self {
-            Some(v) => serde_json::to_vec(v)
-                .map(seal_json)
-                .map_err(|e| e.to_string()),
-            None => Err("an absent record cannot be written".into()),
+            Some(v) => Ok(seal_json(serde_json::to_vec(v)?)),
+            None => Err(EncodeError::Absent),
         }
     }
 }
@@ -242,12 +255,12 @@ pub enum CasError<E> {
         detail: String,
     },
     /// The new state could not be encoded (a bug).
-    #[error("cannot encode {key}: {detail}")]
+    #[error("cannot encode {key}: {source}")]
     Encode {
         /// Its key.
         key: String,
         /// What went wrong.
-        detail: String,
+        source: EncodeError,
     },
 }
 
@@ -460,9 +473,9 @@ impl<'a, S: Stored> Cell<'a, S> {
     async fn write<E>(&self, snap: &Snapshot<S>, mut next: S) -> Result<Written<S>, CasError<E>> {
         let write_id = self.ids.new_id();
         let recoverable = next.stamp(&write_id);
-        let body = next.encode().map_err(|detail| CasError::Encode {
+        let body = next.encode().map_err(|source| CasError::Encode {
             key: self.key.to_owned(),
-            detail,
+            source,
         })?;
         let put = match &snap.etag {
             None => self.store.put_if_absent(self.key, body).await,

@@ -159,8 +159,8 @@ impl<E: Into<BrokerError>> From<CasError<E>> for BrokerError {
             CasError::Store(e) => BrokerError::Store(e),
             CasError::Corrupt { key, detail } => BrokerError::Corrupt(format!("{key}: {detail}")),
             CasError::Newer { key, newer } => BrokerError::UpgradeRequired { object: key, newer },
-            CasError::Encode { key, detail } => {
-                BrokerError::Internal(format!("cannot encode {key}: {detail}"))
+            CasError::Encode { key, source } => {
+                BrokerError::Internal(format!("cannot encode {key}: {source}"))
             }
         }
     }

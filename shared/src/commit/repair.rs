@@ -203,7 +203,9 @@ impl Committer {
             return Ok(out);
         }
         m.stamp(&format!("repair-{}", self.ids.new_id()));
-        let body = m.encode().map_err(BrokerError::Internal)?;
+        let body = m
+            .encode()
+            .map_err(|e| BrokerError::Internal(e.to_string()))?;
         let put = match &etag {
             Some(e) => self.store.put_if_match(t.key, body, e).await,
             None => self.store.put_if_absent(t.key, body).await,

@@ -183,7 +183,7 @@ impl Committer {
                 .put_if_absent(&key, body)
                 .await
                 .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
         };
         if let Err(e) = written {
             tracing::debug!(%key, error = %e, "key chunk write failed; spill skipped this time");

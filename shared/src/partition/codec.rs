@@ -7,13 +7,14 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::cas::EncodeError;
 use crate::formats::{Magic, Newer, Unreadable};
 
 /// Encodes `value` under `magic`'s newest version.
 ///
-/// Errors: a description of why it cannot be encoded (a bug).
-pub fn seal<T: Serialize>(magic: &Magic, value: &T) -> Result<Bytes, String> {
-    let body = postcard::to_allocvec(value).map_err(|e| e.to_string())?;
+/// Errors: why it cannot be encoded (a bug).
+pub fn seal<T: Serialize>(magic: &Magic, value: &T) -> Result<Bytes, EncodeError> {
+    let body = postcard::to_allocvec(value)?;
     let mut out = magic.bytes(magic.known).to_vec();
     out.extend_from_slice(&body);
     out.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());

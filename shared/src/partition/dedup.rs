@@ -65,7 +65,7 @@ impl Chunk {
     /// The bytes to store.
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
-    pub fn encode(&self) -> Result<Bytes, String> {
+    pub fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
         codec::seal(&MAGIC, self)
     }
 

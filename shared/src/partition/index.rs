@@ -97,7 +97,7 @@ impl Index {
     /// The bytes to store ([`codec::seal`]).
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
-    pub fn encode(&self) -> Result<Bytes, String> {
+    pub fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
         codec::seal(&MAGIC, self)
     }
 

@@ -585,10 +585,8 @@ impl Stored for Manifest {
         })
     }
 
-    fn encode(&self) -> Result<Bytes, String> {
-        serde_json::to_vec(self)
-            .map(crate::cas::seal_json)
-            .map_err(|e| e.to_string())
+    fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
+        Ok(crate::cas::seal_json(serde_json::to_vec(self)?))
     }
 
     fn next_write(&mut self) {
