@@ -310,7 +310,6 @@ impl Broker {
         out: &mut Vec<Delivery>,
         used: &mut usize,
     ) -> BrokerResult<()> {
-        self.changed(topic, p);
         for g in answer.leased.dead {
             self.dead_letter(topic, group, p, &answer.layout, g).await;
         }

@@ -102,7 +102,6 @@ impl Broker {
         let ack = [(g.offset, g.lease_id, Settle::Ack)];
         let mut done = self.settle_in(topic, group, partition, &ack).await;
         done.pop().unwrap_or(Ok(()))?;
-        self.changed(topic, partition);
         Ok(())
     }
 }

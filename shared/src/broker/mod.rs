@@ -209,7 +209,6 @@ impl Broker {
     /// Errors: the commit's failure.
     pub async fn apply_retention(&self, topic: &Topic, partition: u32) -> BrokerResult<()> {
         self.committer.lease(topic, partition, (0, 0)).await?;
-        self.changed(topic, partition);
         Ok(())
     }
 
@@ -223,11 +222,6 @@ impl Broker {
         swaps: Vec<Swap>,
     ) -> BrokerResult<u64> {
         self.committer.compact(topic, partition, swaps).await
-    }
-
-    /// Forgets what replays keep of `partition` after this process changed it.
-    fn changed(&self, topic: &Topic, partition: u32) {
-        self.views.forget(&topic.manifest_key(partition));
     }
 
     /// The partition of `topic`'s sticky cursor of `kind` for the next `take`

@@ -267,7 +267,6 @@ impl Broker {
         let mut deliveries = Vec::new();
         let covered = plan.with_lease.is_some() && partition.is_some();
         if let (Some(p), Some(answer)) = (plan.with_lease, lease) {
-            self.changed(topic, p);
             let taken = match answer {
                 Ok(answer) => {
                     let mut used = 0;

@@ -160,7 +160,6 @@ impl Broker {
         while let Some(joined) = tasks.join_next().await {
             let (p, idx, outcome) =
                 joined.map_err(|e| BrokerError::Internal(format!("produce task: {e}")))?;
-            self.changed(topic, p);
             match outcome {
                 Ok(offsets) => {
                     for (offset, i) in offsets.into_iter().zip(idx) {

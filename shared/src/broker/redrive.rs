@@ -165,8 +165,7 @@ impl Broker {
                 async move { self.settle_in(topic, *g, *p, &cancels).await }
             }))
             .await;
-            for ((_, p, mine), got) in batches.iter().zip(done) {
-                self.changed(&topic, *p);
+            for ((_, _, mine), got) in batches.iter().zip(done) {
                 for (&i, r) in mine.iter().zip(got) {
                     if let Err(e) = r {
                         results[i] = Err(e);

@@ -48,7 +48,10 @@ impl Broker {
         let cutoff = now.saturating_sub(topic.settings.retention_ms);
         let key = topic.manifest_key(partition);
         let fresh_for = self.opts.topic_cache;
-        let kept = self.views.get(&key, topic, offset, cutoff, fresh_for);
+        let own = self.committer.announced_version(topic, partition);
+        let kept = self
+            .views
+            .get(&key, (topic, own), offset, cutoff, fresh_for);
         let from_view = kept.is_some();
         let (layout, delivery_count) = match kept {
             Some(kept) => kept,
@@ -115,12 +118,15 @@ impl Broker {
 /// segments and index objects are immutable, and retention is a matter of time), and for
 /// any offset the layout covers while it is younger than `NARAD_TOPIC_CACHE_MS` (its
 /// delivery count is then as of that read, the same staleness topic settings have). A
-/// change this process commits on a partition forgets its layout, so a process always
-/// sees its own writes.
+/// layout older than the newest manifest version this process's committer answered its
+/// callers from ([`crate::commit::Committer::announced_version`]) is not used, so a
+/// process always sees its own writes.
 pub(super) struct Views(Mutex<lru::LruCache<String, View>>);
 
 struct View {
     incarnation: String,
+    /// The version of the manifest it was read from.
+    version: u64,
     read_at: Instant,
     frontier: u64,
     layout: Arc<Layout>,
@@ -144,18 +150,23 @@ impl Views {
     }
 
     /// The kept layout of `key` and the offset's delivery count, if the layout may
-    /// answer for `offset` (see [`Views`]) and the unit holding it is not older than
-    /// `cutoff`.
+    /// answer for `offset` (see [`Views`]), is not older than `own` (the newest version
+    /// this process answered its callers from), and the unit holding the offset is not
+    /// older than `cutoff`.
     fn get(
         &self,
         key: &str,
-        topic: &Topic,
+        (topic, own): (&Topic, Option<u64>),
         offset: u64,
         cutoff: u64,
         fresh_for: Duration,
     ) -> Option<(Arc<Layout>, u32)> {
         let mut views = self.lock();
         let v = views.get(key)?;
+        if own.is_some_and(|own| own > v.version) {
+            views.pop(key);
+            return None;
+        }
         let recent = v.read_at.elapsed() < fresh_for && offset < v.layout.next_offset;
         if v.incarnation != topic.incarnation || !(offset < v.frontier || recent) {
             return None;
@@ -168,8 +179,8 @@ impl Views {
         (newest >= cutoff).then(|| (v.layout.clone(), delivered))
     }
 
-    /// Forgets the layout of `key`: this process just changed that partition, and its
-    /// own replays see their own writes.
+    /// Forgets the layout of `key` (it named objects that are gone, or a repair rewrote
+    /// the manifest).
     pub(super) fn forget(&self, key: &str) {
         self.lock().pop(key);
     }
@@ -179,6 +190,7 @@ impl Views {
         let layout = Arc::new(m.layout());
         let view = View {
             incarnation: topic.incarnation.clone(),
+            version: m.version,
             read_at: Instant::now(),
             frontier: m.frontier,
             layout: layout.clone(),

@@ -145,10 +145,6 @@ impl Broker {
                 results[i] = Some(r);
             }
         }
-        for (c, _) in claims {
-            let Ok(c) = c else { continue };
-            self.changed(topic, c.partition);
-        }
         Ok(results
             .into_iter()
             .map(|r| {
@@ -194,7 +190,6 @@ impl Broker {
                     .map(|&g| self.settle_in(&topic, g, partition, &cancel)),
             )
             .await;
-            self.changed(&topic, partition);
             done.into_iter()
                 .flatten()
                 .collect::<BrokerResult<Vec<()>>>()?;

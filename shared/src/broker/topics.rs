@@ -323,7 +323,9 @@ impl Broker {
         let mut out = Vec::new();
         for p in parts {
             out.push(self.committer.repair(&topic, p, dry_run).await?);
-            self.changed(&topic, p);
+            // A repair writes the manifest beside the partition's queue, which announces
+            // only what its own commits answer: forget what replays keep of it here.
+            self.views.forget(&topic.manifest_key(p));
         }
         Ok(out)
     }
@@ -367,7 +369,6 @@ impl Broker {
             let mut removed = 0;
             for p in 0..topic.settings.partitions {
                 removed += self.committer.purge(&topic, p).await?;
-                self.changed(&topic, p);
             }
             Ok(removed)
         })

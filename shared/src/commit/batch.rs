@@ -440,6 +440,7 @@ impl Committer {
         let headed = self.combine_head(q, (&batch, &topic), cache.take(), written);
         let (snap, combining, head) = match headed.await {
             Ok(Head::Decided(snap, base, own)) => {
+                q.announce(snap.value.version);
                 replies.answer_decided(&batch, base, &own, &snap.value);
                 self.wakers.wake(&q.topic);
                 *cache = Some(snap);
@@ -646,6 +647,7 @@ impl Committer {
         let (dropped, wake) = (std::mem::take(&mut applied.dropped), applied.wake);
         let chunks = std::mem::take(&mut applied.dropped_chunks);
         let refused = change.produces.refused();
+        q.announce(state.version);
         if own.is_empty() {
             let layout = Arc::new(state.layout());
             let shared = change.landing.combining();

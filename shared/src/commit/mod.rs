@@ -213,6 +213,17 @@ struct Queue {
     state: Mutex<QueueState>,
     /// What its last commit left to do after answering.
     chore: chore::Chore,
+    /// The newest manifest version whose state answered this process's callers (0:
+    /// none): set before they are answered, so what reads the manifest for this process
+    /// (replay's kept layouts) knows its own writes ([`Committer::announced_version`]).
+    announced: AtomicU64,
+}
+
+impl Queue {
+    /// `version` answered callers (it, or a newer one, is stored).
+    fn announce(&self, version: u64) {
+        self.announced.fetch_max(version, AtomicOrdering::Release);
+    }
 }
 
 /// Counters for `/metrics`.
@@ -487,6 +498,16 @@ impl Committer {
 
     /// The manifest this process's commits or reads of the partition left, if it holds
     /// one and no batch is using it now.
+    /// The newest version of `partition`'s manifest whose state answered this process's
+    /// callers, if it has answered any: a layout read from an older version may lack this
+    /// process's own writes. No storage request.
+    pub fn announced_version(&self, topic: &Topic, partition: u32) -> Option<u64> {
+        let key = (topic.name.clone(), topic.incarnation.clone(), partition);
+        let queue = lock(&self.queues).get(&key)?.clone();
+        let v = queue.announced.load(AtomicOrdering::Acquire);
+        (v > 0).then_some(v)
+    }
+
     fn cached_manifest(
         &self,
         topic: &str,
@@ -563,6 +584,7 @@ impl Committer {
                     tag: crate::partition::combine::tag(&topic.incarnation),
                     created_at_ms: topic.created_at_ms,
                     chore: chore::Chore::default(),
+                    announced: AtomicU64::new(0),
                     state: Mutex::new(QueueState::default()),
                 })
             })
