@@ -496,8 +496,6 @@ impl Committer {
         }
     }
 
-    /// The manifest this process's commits or reads of the partition left, if it holds
-    /// one and no batch is using it now.
     /// The newest version of `partition`'s manifest whose state answered this process's
     /// callers, if it has answered any: a layout read from an older version may lack this
     /// process's own writes. No storage request.
@@ -508,16 +506,22 @@ impl Committer {
         (v > 0).then_some(v)
     }
 
-    fn cached_manifest(
+    /// The manifest this process's commits or reads of the partition at `at` (topic,
+    /// incarnation, partition) left, if it holds one, no batch is using it now, and it is
+    /// newer than version `than` (`None`: any); copied only then, since a manifest is
+    /// large.
+    pub(super) fn cached_manifest_newer(
         &self,
-        topic: &str,
-        incarnation: &str,
-        partition: u32,
+        (topic, incarnation, partition): (&str, &str, u32),
+        than: Option<u64>,
     ) -> Option<Snapshot<Manifest>> {
         let key = (topic.to_owned(), incarnation.to_owned(), partition);
         let queue = lock(&self.queues).get(&key)?.clone();
         let st = lock(&queue.state);
-        st.cache.clone()
+        st.cache
+            .as_ref()
+            .filter(|c| than.is_none_or(|v| c.value.version > v))
+            .cloned()
     }
 
     /// Removes every retained message of the partition (available, in flight, acked ahead);

@@ -129,14 +129,10 @@ impl Committer {
         ops: &[LedgerOp],
         known: &mut Known,
     ) -> BrokerResult<()> {
-        if let Some(own) = self.cached_manifest(&q.topic, &q.incarnation, q.partition) {
-            if known
-                .log
-                .as_ref()
-                .is_none_or(|(l, _)| l.value.version < own.value.version)
-            {
-                known.log = Some((own, Instant::now()));
-            }
+        let have = known.log.as_ref().map(|(l, _)| l.value.version);
+        let at = (q.topic.as_str(), q.incarnation.as_str(), q.partition);
+        if let Some(own) = self.cached_manifest_newer(at, have) {
+            known.log = Some((own, Instant::now()));
         }
         let stale = match &known.log {
             None => true,
