@@ -43,25 +43,31 @@ impl Committer {
         after: &str,
         ask: Ask,
     ) -> BrokerResult<Intent> {
-        let id = Intent::id(self.clock.now_ms(), after, &self.ids.new_id(), ask);
-        let key = keys::segment(&q.topic, q.partition, &id);
-        let intent = Intent::parse(&id)
-            .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
         self.stats.intents.fetch_add(1, Ordering::Relaxed);
-        self.put_intent(&key).await?;
-        Ok(intent)
+        let prefix = keys::segments_prefix(&q.topic, q.partition);
+        self.put_intent(&prefix, after, ask).await
     }
 
-    /// Writes an intent's empty object at `key`, once: a write whose answer was lost is
-    /// sent again, and a conflict then says the first landed.
+    /// Writes the intent asking `ask` under `prefix` (a partition's `segments/`, or a
+    /// ledger's own), its id above `after`: an empty object, written once (a write whose
+    /// answer was lost is sent again, and a conflict then says the first landed).
     ///
     /// Errors: the store's.
-    pub(super) async fn put_intent(&self, key: &str) -> BrokerResult<()> {
-        match self.store.put_if_absent(key, Bytes::new()).await {
-            Ok(_) => Ok(()),
+    pub(super) async fn put_intent(
+        &self,
+        prefix: &str,
+        after: &str,
+        ask: Ask,
+    ) -> BrokerResult<Intent> {
+        let id = Intent::id(self.clock.now_ms(), after, &self.ids.new_id(), ask);
+        let intent = Intent::parse(&id)
+            .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
+        let key = format!("{prefix}{id}");
+        match self.store.put_if_absent(&key, Bytes::new()).await {
+            Ok(_) => Ok(intent),
             Err(StoreError::Unavailable(_)) => {
-                match self.store.put_if_absent(key, Bytes::new()).await {
-                    Ok(_) | Err(StoreError::Conflict) => Ok(()),
+                match self.store.put_if_absent(&key, Bytes::new()).await {
+                    Ok(_) | Err(StoreError::Conflict) => Ok(intent),
                     Err(e) => Err(e.into()),
                 }
             }

@@ -192,12 +192,7 @@ pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) ->
     let dedup = batch.rules.dedup_window_ms;
     // Decided by the state the batch starts from: landing segments raises
     // `combined_through`, which must not make a listed intent look passed over.
-    let mut pending: Vec<&Intent> = intents
-        .iter()
-        .filter(|i| intent::status(m, &i.id) == intent::Status::Pending)
-        .collect();
-    pending.sort_by(|a, b| a.id.cmp(&b.id));
-    pending.dedup_by(|a, b| a.id == b.id);
+    let pending = intent::pending(m, intents);
     let (base, placed, landed_foreign) = place_segments(m, segment, foreign);
     let base = base.or(found_at);
     out.landed_foreign = landed_foreign;

@@ -341,6 +341,19 @@ pub fn status(m: &impl Decides, id: &str) -> Status {
     Status::Pending
 }
 
+/// The intents of `listed` still pending in `m`, in id order, each once: what a commit
+/// from `m` applies (decided by the state it starts from, so that landing raises
+/// `combined_through` without making a listed intent look passed over).
+pub fn pending<'a>(m: &impl Decides, listed: &'a [Intent]) -> Vec<&'a Intent> {
+    let mut pending: Vec<&Intent> = listed
+        .iter()
+        .filter(|i| status(m, &i.id) == Status::Pending)
+        .collect();
+    pending.sort_by(|a, b| a.id.cmp(&b.id));
+    pending.dedup_by(|a, b| a.id == b.id);
+    pending
+}
+
 /// Records in `m` that `id` was applied with `outcome`, forgetting the oldest record
 /// past [`DECIDED_KEEP`]; `decided_floor` then rises to cover every id of that record's
 /// millisecond, since keys do not order like ids. Covering more than was forgotten is

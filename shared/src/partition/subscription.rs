@@ -326,13 +326,7 @@ pub fn apply_landing(
     (ops, keys): (&[LedgerOp], &Keys),
     intents: &[Intent],
 ) -> (Vec<LedgerOutcome>, Option<u64>, usize) {
-    // Decided by the state the batch starts from.
-    let mut pending: Vec<&Intent> = intents
-        .iter()
-        .filter(|i| intent::status(state, &i.id) == intent::Status::Pending)
-        .collect();
-    pending.sort_by(|a, b| a.id.cmp(&b.id));
-    pending.dedup_by(|a, b| a.id == b.id);
+    let pending = intent::pending(state, intents);
     if pending.is_empty() {
         let (out, wants) = apply(state, log, now, rules, (ops, keys));
         return (out, wants, 0);

@@ -251,13 +251,8 @@ impl Committer {
         after: &str,
         ask: Ask,
     ) -> BrokerResult<Intent> {
-        let id = Intent::id(self.clock.now_ms(), after, &self.ids.new_id(), ask);
-        let intent = Intent::parse(&id)
-            .ok_or_else(|| BrokerError::Internal(format!("intent id {id} does not parse")))?;
-        let key = format!("{}{id}", q.intents_prefix);
         self.stats.ledger_intents.fetch_add(1, Ordering::Relaxed);
-        self.put_intent(&key).await?;
-        Ok(intent)
+        self.put_intent(&q.intents_prefix, after, ask).await
     }
 
     /// The intents of the ledger listed after `after` (one LIST), oldest first, young
