@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -15,7 +16,7 @@ use crate::cas::Cell;
 use crate::commit::role::{Attempts, Confirmed};
 use crate::commit::{lock, Committer};
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::intent::Intent;
+use crate::partition::intent::{self, Intent};
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, SubscriptionState};
 use crate::partition::{Layout, Rules};
 
@@ -35,6 +36,17 @@ struct Route {
     own: Option<Vec<Intent>>,
     /// The intents it lands (other processes', and its own).
     landing: Vec<Intent>,
+}
+
+/// Takeovers one batch makes at most before it answers what is still undecided 503.
+const MAX_TAKEOVERS: u32 = 3;
+
+/// Whether the ledger in `known` records an outcome for every one of `own`.
+fn all_decided(own: &[Intent], known: &Known) -> bool {
+    known.ledger.as_ref().is_some_and(|l| {
+        own.iter()
+            .all(|i| matches!(intent::status(&l.value, &i.id), intent::Status::Decided(_)))
+    })
 }
 
 /// What one ledger commit did, as the role and the counters need it.
@@ -74,7 +86,7 @@ impl Committer {
             fail(batch, e);
             return known;
         }
-        let route = match self.route(q, (&ops, &rules), &mut known).await {
+        let mut route = match self.route(q, (&ops, &rules), &mut known).await {
             Ok(Routed::Decided(own)) => {
                 self.answer_intents(q, batch, &own, &mut known).await;
                 return known;
@@ -90,9 +102,38 @@ impl Committer {
             return known;
         }
         let now = self.clock.now_ms();
-        let (done, layout) = self
-            .commit_ledger(q, (&ops, &rules, now), &route, &mut known)
-            .await;
+        let mut takeovers = 1;
+        let (done, layout) = loop {
+            let (done, layout) = self
+                .commit_ledger(q, (&ops, &rules, now), &route, &mut known)
+                .await;
+            // A takeover whose own intents another commit passed over first writes them
+            // again and waits, as before it took over.
+            let passed_over = route.own.as_ref().filter(|own| {
+                done.is_ok() && takeovers < MAX_TAKEOVERS && !all_decided(own, &known)
+            });
+            let Some(own) = passed_over.cloned() else {
+                break (done, layout);
+            };
+            takeovers += 1;
+            match self.wait_intents(q, own, &mut known, Duration::ZERO).await {
+                Ok(Awaited::Decided(own)) => {
+                    self.answer_intents(q, batch, &own, &mut known).await;
+                    return known;
+                }
+                Ok(Awaited::TakeOver { own, mut listed }) => {
+                    listed.extend(own.iter().cloned());
+                    route = Route {
+                        own: Some(own),
+                        landing: listed,
+                    };
+                }
+                Err(e) => {
+                    fail(batch, e);
+                    return known;
+                }
+            }
+        };
         let outcomes = match done {
             Ok(outcomes) => outcomes,
             Err(e) => {

@@ -152,20 +152,38 @@ impl Committer {
         ops: &[LedgerOp],
         known: &mut Known,
     ) -> BrokerResult<Awaited> {
-        let cell =
-            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
-        let Some(snap) = known.ledger.as_mut() else {
+        let Some(snap) = known.ledger.as_ref() else {
             return Err(BrokerError::Internal("no ledger to wait on".into()));
         };
         let started = Instant::now();
         let after = snap.value.ids_above().to_owned();
-        let mut own = futures::future::try_join_all(
+        let own = futures::future::try_join_all(
             ops.iter()
                 .filter_map(|op| ask_of(*op))
                 .map(|ask| self.write_ledger_intent(q, &after, ask)),
         )
         .await?;
-        let mut round_trip = started.elapsed();
+        self.wait_intents(q, own, known, started.elapsed()).await
+    }
+
+    /// Steps 2 and 3 of the module documentation for the intents `own`, written
+    /// `round_trip` ago, over the ledger in `known` (which it keeps as read). Also for
+    /// intents a takeover's own commit passed over (another commit moved past them
+    /// first): they are written again, and waited for as before.
+    ///
+    /// Errors: as [`Committer::await_intents`].
+    pub(super) async fn wait_intents(
+        &self,
+        q: &LedgerQueue,
+        mut own: Vec<Intent>,
+        known: &mut Known,
+        mut round_trip: std::time::Duration,
+    ) -> BrokerResult<Awaited> {
+        let cell =
+            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+        let Some(snap) = known.ledger.as_mut() else {
+            return Err(BrokerError::Internal("no ledger to wait on".into()));
+        };
         for round in 0..MAX_POLLS {
             tokio::time::sleep(poll_after(round_trip, round == 0, Holds::IntentsOnly)).await;
             self.stats.polls.fetch_add(1, Ordering::Relaxed);
