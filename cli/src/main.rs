@@ -9,6 +9,7 @@
 //! `narad topics|produce|consume|replay` are clients of a running server ([`remote`]).
 
 mod bench;
+mod exec;
 mod remote;
 
 use std::process::ExitCode;

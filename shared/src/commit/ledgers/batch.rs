@@ -38,6 +38,16 @@ struct Route {
     landing: Vec<Intent>,
 }
 
+/// What the ledger write of a routed batch came to ([`Committer::commit_routed`]).
+enum Committed {
+    /// The batch's operations applied as they are: their outcomes, in batch order.
+    Direct(Vec<LedgerOutcome>, Arc<Layout>),
+    /// The batch went as intents: it is answered from what the ledger decided for them.
+    Intents(Vec<Intent>),
+    /// The write failed: every operation gets this error.
+    Failed(BrokerError),
+}
+
 /// Takeovers one batch makes at most before it answers what is still undecided 503.
 const MAX_TAKEOVERS: u32 = 3;
 
@@ -86,7 +96,7 @@ impl Committer {
             fail(batch, e);
             return known;
         }
-        let mut route = match self.route(q, (&ops, &rules), &mut known).await {
+        let route = match self.route(q, (&ops, &rules), &mut known).await {
             Ok(Routed::Decided(own)) => {
                 self.answer_intents(q, batch, &own, &mut known).await;
                 return known;
@@ -102,49 +112,20 @@ impl Committer {
             return known;
         }
         let now = self.clock.now_ms();
-        let mut takeovers = 1;
-        let (done, layout) = loop {
-            let (done, layout) = self
-                .commit_ledger(q, (&ops, &rules, now), &route, &mut known)
-                .await;
-            // A takeover whose own intents another commit passed over first writes them
-            // again and waits, as before it took over.
-            let passed_over = route.own.as_ref().filter(|own| {
-                done.is_ok() && takeovers < MAX_TAKEOVERS && !all_decided(own, &known)
-            });
-            let Some(own) = passed_over.cloned() else {
-                break (done, layout);
-            };
-            takeovers += 1;
-            match self.wait_intents(q, own, &mut known, Duration::ZERO).await {
-                Ok(Awaited::Decided(own)) => {
-                    self.answer_intents(q, batch, &own, &mut known).await;
-                    return known;
-                }
-                Ok(Awaited::TakeOver { own, mut listed }) => {
-                    listed.extend(own.iter().cloned());
-                    route = Route {
-                        own: Some(own),
-                        landing: listed,
-                    };
-                }
-                Err(e) => {
-                    fail(batch, e);
-                    return known;
-                }
+        let (outcomes, layout) = match self
+            .commit_routed(q, (&ops, &rules, now), route, &mut known)
+            .await
+        {
+            Committed::Direct(outcomes, layout) => (outcomes, layout),
+            Committed::Intents(own) => {
+                self.answer_intents(q, batch, &own, &mut known).await;
+                return known;
             }
-        };
-        let outcomes = match done {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
+            Committed::Failed(e) => {
                 fail(batch, e);
                 return known;
             }
         };
-        if let Some(own) = route.own {
-            self.answer_intents(q, batch, &own, &mut known).await;
-            return known;
-        }
         if let Some(state) = &known.ledger {
             known.keys.forget_below(state.value.frontier);
         }
@@ -157,6 +138,46 @@ impl Committer {
             tx.answer(out, &layout, false);
         }
         known
+    }
+
+    /// The ledger write of a routed batch. A takeover whose own intents another commit
+    /// passed over first writes them again and waits, as before it took over, up to
+    /// [`MAX_TAKEOVERS`] takeovers.
+    async fn commit_routed(
+        &self,
+        q: &LedgerQueue,
+        (ops, rules, now): (&[LedgerOp], &Rules, u64),
+        mut route: Route,
+        known: &mut Known,
+    ) -> Committed {
+        let mut takeovers = 1;
+        loop {
+            let (done, layout) = self
+                .commit_ledger(q, (ops, rules, now), &route, known)
+                .await;
+            let outcomes = match done {
+                Ok(outcomes) => outcomes,
+                Err(e) => return Committed::Failed(e),
+            };
+            let Some(own) = route.own else {
+                return Committed::Direct(outcomes, layout);
+            };
+            if takeovers >= MAX_TAKEOVERS || all_decided(&own, known) {
+                return Committed::Intents(own);
+            }
+            takeovers += 1;
+            match self.wait_intents(q, own, known, Duration::ZERO).await {
+                Ok(Awaited::Decided(own)) => return Committed::Intents(own),
+                Ok(Awaited::TakeOver { own, mut listed }) => {
+                    listed.extend(own.iter().cloned());
+                    route = Route {
+                        own: Some(own),
+                        landing: listed,
+                    };
+                }
+                Err(e) => return Committed::Failed(e),
+            }
+        }
     }
 
     /// What a batch must know before it is routed: the ledger on an ordered topic (its key
