@@ -16,7 +16,12 @@ use narad_client::{Client, ConsumeOptions, EntryResult, Message};
 use tokio::io::AsyncWriteExt;
 
 /// Acks or nacks `m`, telling stderr (not failing) when the lease was gone.
-pub async fn settle_logged(c: &Client, topic: &str, m: &Message, action: narad_client::Settle) {
+pub(crate) async fn settle_logged(
+    c: &Client,
+    topic: &str,
+    m: &Message,
+    action: narad_client::Settle,
+) {
     let Some(handle) = &m.receipt_handle else {
         return;
     };
@@ -38,7 +43,7 @@ struct Workers {
 }
 
 /// `narad consume TOPIC --exec CMD`: what it consumes, and how.
-pub struct Exec {
+pub(crate) struct Exec {
     pub topic: String,
     /// The shell command run per message.
     pub cmd: String,
@@ -54,7 +59,7 @@ pub struct Exec {
 
 impl Exec {
     /// Runs `concurrency` workers until SIGINT, SIGTERM or `count` messages.
-    pub async fn run(self, c: &Client) -> Result<(), String> {
+    pub(crate) async fn run(self, c: &Client) -> Result<(), String> {
         let timeout = match &self.subscription {
             None => c
                 .get_topic(&self.topic)

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 /// Where the server is.
 #[derive(Args, Clone)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// The server's base URL.
     #[arg(
         long,
@@ -48,7 +48,7 @@ impl Conn {
 
 /// `narad topics ...`
 #[derive(Subcommand)]
-pub enum TopicsCmd {
+pub(crate) enum TopicsCmd {
     /// Every topic, one JSON line each.
     List,
     /// A topic's settings and per-partition state.
@@ -84,7 +84,7 @@ pub enum TopicsCmd {
 
 /// `narad subscriptions ...`
 #[derive(Subcommand)]
-pub enum SubscriptionsCmd {
+pub(crate) enum SubscriptionsCmd {
     /// A topic's subscriptions, one JSON line each.
     List {
         /// Topic.
@@ -126,7 +126,7 @@ pub enum SubscriptionsCmd {
 
 /// `narad cancel ...`
 #[derive(Args)]
-pub struct CancelArgs {
+pub(crate) struct CancelArgs {
     /// Topic.
     topic: String,
     /// Partition.
@@ -144,7 +144,7 @@ pub struct CancelArgs {
 
 /// `narad produce ...`
 #[derive(Args)]
-pub struct ProduceArgs {
+pub(crate) struct ProduceArgs {
     /// Topic.
     topic: String,
     /// The message; read from stdin when absent.
@@ -177,7 +177,7 @@ pub struct ProduceArgs {
 
 /// `narad consume ...`
 #[derive(Args)]
-pub struct ConsumeArgs {
+pub(crate) struct ConsumeArgs {
     /// Topic.
     topic: String,
     /// Stop after this many messages, waiting for them as long as it takes (default: stop
@@ -211,7 +211,7 @@ pub struct ConsumeArgs {
 
 /// `narad replay ...`
 #[derive(Args)]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     /// Topic.
     topic: String,
     /// Partition.
@@ -240,7 +240,7 @@ fn parse_json(text: &str) -> Result<Value, String> {
 }
 
 /// `narad subscriptions ...`
-pub async fn subscriptions(cmd: SubscriptionsCmd, conn: Conn) -> Result<(), String> {
+pub(crate) async fn subscriptions(cmd: SubscriptionsCmd, conn: Conn) -> Result<(), String> {
     let c = conn.client()?;
     let e = |e: narad_client::Error| e.to_string();
     match cmd {
@@ -284,7 +284,7 @@ pub async fn subscriptions(cmd: SubscriptionsCmd, conn: Conn) -> Result<(), Stri
 }
 
 /// `narad cancel ...`
-pub async fn cancel(a: CancelArgs) -> Result<(), String> {
+pub(crate) async fn cancel(a: CancelArgs) -> Result<(), String> {
     let c = a.conn.client()?;
     c.cancel(&a.topic, a.partition, a.offset, a.subscription.as_deref())
         .await
@@ -292,7 +292,7 @@ pub async fn cancel(a: CancelArgs) -> Result<(), String> {
 }
 
 /// `narad topics ...`
-pub async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
+pub(crate) async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
     let c = conn.client()?;
     let e = |e: narad_client::Error| e.to_string();
     match cmd {
@@ -325,7 +325,7 @@ pub async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
 }
 
 /// `narad produce ...`
-pub async fn produce(a: ProduceArgs) -> Result<(), String> {
+pub(crate) async fn produce(a: ProduceArgs) -> Result<(), String> {
     let c = a.conn.client()?;
     if a.lines {
         return produce_lines(&c, &a).await;
@@ -448,7 +448,7 @@ fn parse_headers(flags: &[String]) -> Result<narad_client::Headers, String> {
 }
 
 /// `narad consume ...`
-pub async fn consume(a: ConsumeArgs) -> Result<(), String> {
+pub(crate) async fn consume(a: ConsumeArgs) -> Result<(), String> {
     let c = a.conn.client()?;
     let wait = narad_shared::http::parse_wait(&a.wait).map_err(|e| e.message)?;
     match &a.exec {
@@ -500,7 +500,7 @@ async fn print_messages(c: &Client, a: &ConsumeArgs, wait: Duration) -> Result<(
 }
 
 /// `narad replay ...`
-pub async fn replay(a: ReplayArgs) -> Result<(), String> {
+pub(crate) async fn replay(a: ReplayArgs) -> Result<(), String> {
     let c = a.conn.client()?;
     let mut offset = a.from;
     let wait = a.follow.then_some(Duration::from_secs(10));

@@ -33,7 +33,7 @@ pub enum ReadError {
 }
 
 /// How much memory a cached value takes, roughly.
-pub trait Weigh {
+pub(crate) trait Weigh {
     /// Approximate size in bytes.
     fn weight(&self) -> usize;
 }
@@ -44,7 +44,7 @@ struct Inner<V> {
 }
 
 /// A byte-bounded LRU cache keyed by object key.
-pub struct Cache<V: Weigh> {
+pub(crate) struct Cache<V: Weigh> {
     cap_bytes: usize,
     inner: Mutex<Inner<V>>,
 }
@@ -52,7 +52,7 @@ pub struct Cache<V: Weigh> {
 impl<V: Weigh> Cache<V> {
     /// A cache holding up to about `cap_bytes` of values (one value larger than that is
     /// not kept).
-    pub fn new(cap_bytes: usize) -> Self {
+    pub(crate) fn new(cap_bytes: usize) -> Self {
         Self {
             cap_bytes,
             inner: Mutex::new(Inner {
@@ -67,17 +67,17 @@ impl<V: Weigh> Cache<V> {
     }
 
     /// The value stored under `key`, if cached.
-    pub fn get(&self, key: &str) -> Option<Arc<V>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<V>> {
         self.lock().lru.get(key).cloned()
     }
 
     /// True if `key` is cached (without touching its recency).
-    pub fn contains(&self, key: &str) -> bool {
+    pub(crate) fn contains(&self, key: &str) -> bool {
         self.lock().lru.contains(key)
     }
 
     /// Caches `value` under `key`, evicting the least recently used beyond the bound.
-    pub fn put(&self, key: String, value: Arc<V>) {
+    pub(crate) fn put(&self, key: String, value: Arc<V>) {
         let w = value.weight();
         if w > self.cap_bytes {
             return;
@@ -99,7 +99,7 @@ impl<V: Weigh> Cache<V> {
     /// `decode` and cached. `None` if the object does not exist.
     ///
     /// Errors: [`ReadError`].
-    pub async fn read_through(
+    pub(crate) async fn read_through(
         &self,
         store: &dyn Store,
         key: &str,
@@ -127,8 +127,9 @@ impl<V: Weigh> Cache<V> {
         Ok(Some(v))
     }
 
+    #[cfg(test)]
     /// Bytes held now.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
     }
 }

@@ -41,7 +41,7 @@ use crate::clock::IdSource;
 use crate::store::{ETag, Fetched, Object, Store, StoreError};
 
 /// How many times an update tries before giving up with [`CasError::Contention`].
-pub const MAX_ATTEMPTS: u32 = 24;
+pub(crate) const MAX_ATTEMPTS: u32 = 24;
 
 /// Why a stored object could not be taken as the caller's state.
 #[derive(Debug)]
@@ -55,14 +55,14 @@ pub enum Invalid {
     Superseded,
 }
 
-pub use crate::formats::Newer;
+pub(crate) use crate::formats::Newer;
 
 /// A stored state of the generation `stored` (a topic's incarnation, a subscription's id)
 /// taken for the caller's generation `own`: itself when they are the same; `fresh`, the
 /// caller's empty state with `version` still climbing past the stored one (so no two
 /// states share bytes), when the stored one is left over from an older generation; and
 /// [`Invalid::Superseded`] when it belongs to a newer one.
-pub fn of_generation<S>(
+pub(crate) fn of_generation<S>(
     (stored, own): (&str, &str),
     value: S,
     fresh: impl FnOnce(&S) -> S,
@@ -125,7 +125,7 @@ pub fn open_json(data: &[u8]) -> Result<&[u8], Invalid> {
 }
 
 /// A type kept as one conditionally replaced object.
-pub trait Stored: Clone + Send + Sync + Sized + 'static {
+pub(crate) trait Stored: Clone + Send + Sync + Sized + 'static {
     /// What decoding needs to know from the caller (the manifest: the topic incarnation).
     type Context: Send + Sync;
 
@@ -174,7 +174,9 @@ pub enum EncodeError {
 
 /// A plain JSON record kept as one object; `Option<T>` is the stored state (`None`:
 /// absent). Records keep no write ids.
-pub trait JsonRecord: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
+pub(crate) trait JsonRecord:
+    Serialize + DeserializeOwned + Clone + Send + Sync + 'static
+{
     /// The version field that says a newer build wrote this record, if one does.
     fn newer(&self) -> Option<Newer> {
         None
@@ -207,7 +209,7 @@ impl<T: JsonRecord> Stored for Option<T> {
 
 /// A state as read, with the ETag to write against (`None`: no object yet).
 #[derive(Debug, Clone)]
-pub struct Snapshot<S> {
+pub(crate) struct Snapshot<S> {
     /// The state.
     pub value: S,
     /// ETag of the stored object, if one exists.
@@ -216,7 +218,7 @@ pub struct Snapshot<S> {
 
 /// What a change decided about the copy it was given.
 #[derive(Debug)]
-pub enum Decision<T> {
+pub(crate) enum Decision<T> {
     /// Write the changed copy, then return the value.
     Commit(T),
     /// Write nothing; return the value.
@@ -266,7 +268,7 @@ pub enum CasError<E> {
 
 /// One change of a [`Cell`]'s state. See the module documentation for when each
 /// method runs.
-pub trait Change<S> {
+pub(crate) trait Change<S> {
     /// What the update returns.
     type Output;
     /// The change's own refusal.
@@ -287,7 +289,7 @@ pub trait Change<S> {
 }
 
 /// A [`Change`] that is only a pure function.
-pub struct Pure<F>(pub F);
+pub(crate) struct Pure<F>(pub F);
 
 impl<S, T, E, F> Change<S> for Pure<F>
 where
@@ -302,7 +304,7 @@ where
 }
 
 /// One object of type `S` at `key`.
-pub struct Cell<'a, S: Stored> {
+pub(crate) struct Cell<'a, S: Stored> {
     store: &'a dyn Store,
     ids: &'a dyn IdSource,
     key: &'a str,
@@ -311,7 +313,7 @@ pub struct Cell<'a, S: Stored> {
 
 impl<'a, S: Stored> Cell<'a, S> {
     /// The object at `key`, decoded with `ctx`; `ids` stamps write ids.
-    pub fn new(
+    pub(crate) fn new(
         store: &'a dyn Store,
         ids: &'a dyn IdSource,
         key: &'a str,
@@ -328,7 +330,7 @@ impl<'a, S: Stored> Cell<'a, S> {
     /// Reads the current state.
     ///
     /// Errors: [`CasError::Store`], [`CasError::Corrupt`], [`CasError::Superseded`].
-    pub async fn read<E>(&self) -> Result<Snapshot<S>, CasError<E>> {
+    pub(crate) async fn read<E>(&self) -> Result<Snapshot<S>, CasError<E>> {
         match self.store.get(self.key).await? {
             None => Ok(self.absent()),
             Some(obj) => self.decode(obj),
@@ -362,7 +364,7 @@ impl<'a, S: Stored> Cell<'a, S> {
 
     /// Makes `snap` the current stored state with a conditional read that transfers no
     /// body when nothing changed. Returns `true` if `snap` was already current.
-    pub async fn refresh<E>(&self, snap: &mut Snapshot<S>) -> Result<bool, CasError<E>> {
+    pub(crate) async fn refresh<E>(&self, snap: &mut Snapshot<S>) -> Result<bool, CasError<E>> {
         let fetched = match &snap.etag {
             Some(etag) => self.store.get_if_changed(self.key, etag).await?,
             None => match self.store.get(self.key).await? {
@@ -388,7 +390,7 @@ impl<'a, S: Stored> Cell<'a, S> {
     /// state as written (or as read, for `Keep`).
     ///
     /// Errors: see [`Cell::update_cached`].
-    pub async fn update<C: Change<S>>(
+    pub(crate) async fn update<C: Change<S>>(
         &self,
         change: C,
     ) -> Result<(C::Output, Snapshot<S>), CasError<C::Error>> {
@@ -404,7 +406,7 @@ impl<'a, S: Stored> Cell<'a, S> {
     /// after [`MAX_ATTEMPTS`] lost races; [`CasError::Superseded`]; [`CasError::Corrupt`];
     /// [`CasError::Store`] when the store fails, including an ambiguous write that a
     /// re-read cannot confirm.
-    pub async fn update_cached<C: Change<S>>(
+    pub(crate) async fn update_cached<C: Change<S>>(
         &self,
         cache: &mut Option<Snapshot<S>>,
         change: &mut C,
@@ -421,7 +423,7 @@ impl<'a, S: Stored> Cell<'a, S> {
     /// saves a copy of the whole state per commit.
     ///
     /// Errors: see [`Cell::update_cached`].
-    pub async fn update_in<C: Change<S>>(
+    pub(crate) async fn update_in<C: Change<S>>(
         &self,
         cache: &mut Option<Snapshot<S>>,
         change: &mut C,
@@ -513,7 +515,7 @@ enum Written<S> {
 /// retry policy for conditional writes. The jitter is drawn from `entropy`, a fresh id of
 /// the injected id source (random in production, a sequence in tests, so a seeded test
 /// replays identically).
-pub async fn backoff(attempt: u32, entropy: &str) {
+pub(crate) async fn backoff(attempt: u32, entropy: &str) {
     let cap = (2u64 << attempt.min(6)).min(100);
     let digest = sha2::Sha256::digest(entropy.as_bytes());
     let mut first = [0u8; 8];

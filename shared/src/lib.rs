@@ -19,25 +19,47 @@
 //! [`topic`], [`segment`], [`objects`] (reading segments and index objects through the caches), [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
 //! [`config`] (configuration from the environment), [`formats`] (versions of stored formats), [`gate`] (which formats the fleet may write) and [`error`].
 
+// The floors and helpers the broker is built from: private, reached through the modules
+// below. docs/design.md §9 ("The crate's surface") says what each public module is for.
+mod cache;
+mod cas;
+mod commit;
+mod keys;
+mod objects;
+mod partition;
+mod payload;
+mod receipt;
+mod segment;
+mod topic;
+
+// The surface other crates use, on purpose: the broker and its HTTP router (served by
+// `narad serve` and the Lambda functions), configuration, the store seam and its
+// backends, maintenance, the fleet's format gate, and the stored objects for tools.
 pub mod access;
 pub mod broker;
-pub mod cache;
-pub mod cas;
 pub mod clock;
-pub mod commit;
 pub mod config;
 pub mod error;
 pub mod formats;
 pub mod gate;
 pub mod http;
-pub mod keys;
 pub mod maintenance;
-pub mod objects;
-pub mod partition;
-pub mod payload;
-pub mod receipt;
-pub mod segment;
 pub mod settings;
 pub mod store;
 pub mod subscription;
-pub mod topic;
+
+/// The bucket as Narad lays it out (docs/design.md §2, docs/formats.md), for tools and
+/// tests that read it, or write what another version would. Clients use the HTTP API.
+pub mod stored {
+    pub use crate::cas::{open_json, seal_json, Invalid};
+    pub use crate::partition::combine::Combinable;
+    pub use crate::partition::intent::{Ask, Intent};
+    pub use crate::partition::rebuild::VERSION_JUMP;
+    pub use crate::receipt::{shared_key, Claims, ReceiptError, Receipts};
+    pub use crate::segment::Segment;
+
+    /// Every object's key (docs/design.md §2).
+    pub mod keys {
+        pub use crate::keys::*;
+    }
+}

@@ -20,7 +20,7 @@ use crate::store::DynStore;
 /// Reads one segment through `cache`; `None` if it is gone.
 ///
 /// Errors: store failures, [`BrokerError::Corrupt`].
-pub async fn fetch_segment(
+pub(crate) async fn fetch_segment(
     store: &DynStore,
     cache: &SegmentCache,
     key: String,
@@ -30,7 +30,7 @@ pub async fn fetch_segment(
 
 /// A store and the caches to read its immutable objects through.
 #[derive(Clone, Copy)]
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     store: &'a DynStore,
     segments: &'a SegmentCache,
     indexes: &'a Cache<Index>,
@@ -38,7 +38,11 @@ pub struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Reads from `store` through these caches.
-    pub fn new(store: &'a DynStore, segments: &'a SegmentCache, indexes: &'a Cache<Index>) -> Self {
+    pub(crate) fn new(
+        store: &'a DynStore,
+        segments: &'a SegmentCache,
+        indexes: &'a Cache<Index>,
+    ) -> Self {
         Self {
             store,
             segments,
@@ -49,7 +53,7 @@ impl<'a> Reader<'a> {
     /// A whole segment; `None` if it is gone.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
-    pub async fn segment(
+    pub(crate) async fn segment(
         &self,
         topic: &str,
         partition: u32,
@@ -62,7 +66,7 @@ impl<'a> Reader<'a> {
     /// An index object; `None` if it is gone.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
-    pub async fn index(
+    pub(crate) async fn index(
         &self,
         topic: &str,
         partition: u32,
@@ -79,7 +83,7 @@ impl<'a> Reader<'a> {
     /// offsets), with the level-0 index it was found in, if any; `None` if it is gone.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
-    pub async fn segment_of(
+    pub(crate) async fn segment_of(
         &self,
         topic: &str,
         partition: u32,

@@ -16,10 +16,10 @@ use base64::Engine;
 use serde_json::value::RawValue;
 
 /// Deepest nesting of arrays and objects embedded verbatim.
-pub const MAX_EMBEDDED_DEPTH: usize = 64;
+pub(crate) const MAX_EMBEDDED_DEPTH: usize = 64;
 
 /// Most a text payload may grow by JSON string escaping before base64 is used instead.
-pub const MAX_STRING_GROWTH: f64 = 1.5;
+pub(crate) const MAX_STRING_GROWTH: f64 = 1.5;
 
 /// A payload ready to embed in a response.
 #[derive(Debug)]

@@ -112,7 +112,7 @@ impl std::fmt::Debug for Receipts {
 
 /// A short tag of a topic incarnation for receipt claims: 12 hex digits of a hash (ids
 /// created in the same millisecond share their first digits, so they are not used as is).
-pub fn incarnation_tag(incarnation: &str) -> String {
+pub(crate) fn incarnation_tag(incarnation: &str) -> String {
     let d = Sha256::new()
         .chain_update(b"narad-incarnation")
         .chain_update(incarnation.as_bytes())
@@ -121,7 +121,7 @@ pub fn incarnation_tag(incarnation: &str) -> String {
 }
 
 /// The id of a key: 8 hex digits of a hash, safe to show.
-pub fn key_id(key: &[u8]) -> String {
+pub(crate) fn key_id(key: &[u8]) -> String {
     let d = Sha256::new()
         .chain_update(b"narad-key-id")
         .chain_update(key)

@@ -34,15 +34,15 @@ const COMPRESS_FROM_BYTES: usize = 256;
 const MAX_BODY_BYTES: usize = 256 << 20;
 
 /// A message's headers: lowercase name → value (docs/design.md §1).
-pub type Headers = BTreeMap<String, String>;
+pub(crate) type Headers = BTreeMap<String, String>;
 
 /// The header a message produced with an `Idempotency-Key` is stored with, so that a
 /// rebuilt partition (docs/design.md §7) remembers the keys of the messages it recovers.
 /// It is the broker's own: consumers never see it ([`shown`]).
-pub const IDEMPOTENCY_HEADER: &str = "narad-idempotency-key";
+pub(crate) const IDEMPOTENCY_HEADER: &str = "narad-idempotency-key";
 
 /// A stored message's headers as consumers see them: without [`IDEMPOTENCY_HEADER`].
-pub fn shown(mut headers: Headers) -> Headers {
+pub(crate) fn shown(mut headers: Headers) -> Headers {
     headers.remove(IDEMPOTENCY_HEADER);
     headers
 }
@@ -144,7 +144,7 @@ impl Weigh for Segment {
 
 /// Decoded segments shared by the committer (which caches what it writes) and readers,
 /// bounded in bytes (`NARAD_SEGMENT_CACHE_BYTES`).
-pub type SegmentCache = Cache<Segment>;
+pub(crate) type SegmentCache = Cache<Segment>;
 
 /// A segment that cannot be encoded (a bug).
 #[derive(Debug, thiserror::Error)]

@@ -183,6 +183,14 @@ pub struct Server {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(task) = &self.task {
@@ -198,6 +206,15 @@ pub struct Options {
     pub broker: BrokerOptions,
     /// Receipt keys (empty: generated and kept in the store).
     pub receipt_keys: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("broker", &self.broker)
+            .field("receipt_keys", &self.receipt_keys.len())
+            .finish()
+    }
 }
 
 impl Default for Options {
@@ -614,6 +631,7 @@ pub fn narad_binary() -> PathBuf {
 }
 
 /// A `narad serve` child process.
+#[derive(Debug)]
 pub struct Process {
     /// The child.
     pub child: tokio::process::Child,

@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use narad_shared::broker::Settle;
 use narad_shared::broker::{Broker, NewMessage};
 use narad_shared::clock::{Clock, RandomIds, SystemClock};
 use narad_shared::config::BrokerOptions;
-use narad_shared::partition::Settle;
 use narad_shared::settings::SettingsInput;
 use narad_shared::store::latency::LatencyStore;
 use narad_shared::store::memory::MemoryStore;

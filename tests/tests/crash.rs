@@ -322,7 +322,7 @@ async fn sigkill_and_restart_loses_nothing() {
     let parts = r["partitions"].as_array().unwrap();
     let mut start: HashMap<u64, u64> = HashMap::new();
     for p in parts {
-        if p["version"].as_u64().unwrap() >= narad_shared::partition::rebuild::VERSION_JUMP {
+        if p["version"].as_u64().unwrap() >= narad_shared::stored::VERSION_JUMP {
             let n = p["partition"].as_u64().unwrap();
             println!("crash test: partition {n} was corrupted by the store and repaired: {p}");
             start.insert(n, p["start_offset"].as_u64().unwrap());
@@ -441,7 +441,11 @@ async fn sigkill_and_restart_loses_nothing() {
 /// cannot be read (a torn write, a transient failure).
 async fn settled_in(store: &DynStore, group: usize, (p, o): (u64, u64)) -> Option<bool> {
     let key = match GROUPS[group] {
-        None => narad_shared::keys::manifest("crash", narad_shared::keys::LAYOUT_FLAT, p as u32),
+        None => narad_shared::stored::keys::manifest(
+            "crash",
+            narad_shared::stored::keys::LAYOUT_FLAT,
+            p as u32,
+        ),
         Some(s) => {
             // The subscription's ledger is under its id: find it by listing.
             let prefix = format!("topics/crash/subs/{s}/");
@@ -451,7 +455,8 @@ async fn settled_in(store: &DynStore, group: usize, (p, o): (u64, u64)) -> Optio
         }
     };
     let stored = store.get(&key).await.ok()??;
-    let m: Value = serde_json::from_slice(narad_shared::cas::open_json(&stored.data).ok()?).ok()?;
+    let m: Value =
+        serde_json::from_slice(narad_shared::stored::open_json(&stored.data).ok()?).ok()?;
     let ahead = m["acked_ahead"].as_array()?;
     Some(o < m["frontier"].as_u64()? || ahead.iter().any(|a| a.as_u64() == Some(o)))
 }

@@ -40,12 +40,12 @@ use narad_shared::clock::{Clock, ManualClock, SequentialIds};
 use narad_shared::config::BrokerOptions;
 use narad_shared::error::BrokerError;
 use narad_shared::maintenance;
-use narad_shared::receipt::ReceiptError;
 use narad_shared::settings::SettingsInput;
 use narad_shared::store::memory::MemoryStore;
 use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
 use narad_shared::store::testing::freeze::FreezeStore;
 use narad_shared::store::DynStore;
+use narad_shared::stored::ReceiptError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -208,7 +208,7 @@ async fn settled_in(raw: &DynStore, group: usize, (p, o): (u32, u64)) -> bool {
         return false;
     };
     let m: serde_json::Value =
-        serde_json::from_slice(narad_shared::cas::open_json(&stored.data).unwrap()).unwrap();
+        serde_json::from_slice(narad_shared::stored::open_json(&stored.data).unwrap()).unwrap();
     let ahead = m["acked_ahead"].as_array().unwrap();
     o < m["frontier"].as_u64().unwrap() || ahead.iter().any(|a| a.as_u64() == Some(o))
 }

@@ -9,10 +9,10 @@
 use std::time::{Duration, Instant};
 
 use narad_shared::broker::Broker;
-use narad_shared::cas;
 use narad_shared::config::BrokerOptions;
 use narad_shared::error::BrokerError;
 use narad_shared::store::DynStore;
+use narad_shared::stored;
 use narad_tests::{Options, Server, TestClock};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -77,7 +77,7 @@ fn kinds(v: &Value) -> Vec<String> {
 }
 
 async fn put_sealed(store: &DynStore, key: &str, v: &Value) {
-    let body = cas::seal_json(serde_json::to_vec(v).unwrap());
+    let body = stored::seal_json(serde_json::to_vec(v).unwrap());
     match store.get(key).await.unwrap() {
         Some(o) => store.put_if_match(key, body, &o.etag).await.unwrap(),
         None => store.put_if_absent(key, body).await.unwrap(),
@@ -118,7 +118,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     let manifest = "topics/g/0.manifest.json";
     let stored = |store: DynStore| async move {
         let o = store.get(manifest).await.unwrap().unwrap();
-        serde_json::from_slice::<Value>(cas::open_json(&o.data).unwrap()).unwrap()
+        serde_json::from_slice::<Value>(stored::open_json(&o.data).unwrap()).unwrap()
     };
     let last = stored(s.store.clone()).await["recent_writes"][0].clone();
     assert!(
@@ -169,7 +169,7 @@ async fn formats_wait_for_finalize_and_finalize_waits_for_the_fleet() {
     assert_eq!(kinds(&out), ["unconfirmed"], "{out}");
     let fleet = s.store.get("system/fleet.json").await.unwrap();
     let level_of = |o: &narad_shared::store::Object| {
-        let v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(stored::open_json(&o.data).unwrap()).unwrap();
         v["level"].as_u64()
     };
     assert_eq!(
@@ -340,12 +340,12 @@ async fn a_process_record_is_renewed_after_a_lost_answer_or_a_delete() {
     let key = &keys[0];
     let renewed = |store: DynStore| async move {
         let o = store.get(key).await.unwrap()?;
-        let v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(stored::open_json(&o.data).unwrap()).unwrap();
         v["renewed_ms"].as_u64()
     };
     // Its ETag changes under it, as when the answer to its last write was lost.
     let o = s.store.get(key).await.unwrap().unwrap();
-    let mut v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+    let mut v: Value = serde_json::from_slice(stored::open_json(&o.data).unwrap()).unwrap();
     v["renewed_ms"] = json!(1);
     put_sealed(&s.store, key, &v).await;
     let before = 1;
@@ -382,7 +382,7 @@ async fn a_new_store_starts_at_the_newest_level_and_one_with_topics_at_level_one
     let b = join(fresh.clone()).await;
     assert_eq!(b.fleet_level(), narad_shared::formats::Level::NEWEST);
     let o = fresh.get("system/fleet.json").await.unwrap().unwrap();
-    let v: Value = serde_json::from_slice(cas::open_json(&o.data).unwrap()).unwrap();
+    let v: Value = serde_json::from_slice(stored::open_json(&o.data).unwrap()).unwrap();
     assert_eq!(v["level"], narad_shared::formats::Level::NEWEST.0);
     // A second process finds the record.
     assert_eq!(

@@ -10,11 +10,11 @@ use narad_shared::broker::{Broker, NewMessage, Settle};
 use narad_shared::clock::{Clock, ManualClock, RandomIds};
 use narad_shared::config::BrokerOptions;
 use narad_shared::error::BrokerError;
-use narad_shared::keys;
 use narad_shared::maintenance::{self, DEFAULT_GRACE};
 use narad_shared::settings::SettingsInput;
 use narad_shared::store::testing::fault::{FaultPlan, FaultStore};
 use narad_shared::store::DynStore;
+use narad_shared::stored::keys;
 use narad_tests::{test_store, T0};
 
 const MIN: u64 = 60_000;
@@ -344,11 +344,11 @@ async fn ledger_intents_go_after_the_grace_period_or_with_their_subscription() {
     let keep = t.subscription("keep").unwrap().id.clone();
     let grace_ms = DEFAULT_GRACE.as_millis() as u64;
     let intent = |sub: &str, id: &str, written: u64| {
-        let ask = narad_shared::partition::intent::Ask::Lease {
+        let ask = narad_shared::stored::Ask::Lease {
             max: 1,
             max_bytes: 1,
         };
-        let name = narad_shared::partition::intent::Intent::id(written, "", "u1", ask);
+        let name = narad_shared::stored::Intent::id(written, "", "u1", ask);
         format!("{}{name}", keys::ledger_intents("li", sub, id, 0))
     };
     let old = intent("keep", &keep, T0 - grace_ms - 60_000);

@@ -372,7 +372,7 @@ async fn retention_deletes_old_messages_and_replay_gets_410() {
             continue;
         };
         // Intents are empty objects, not segments.
-        if let Ok(seg) = narad_shared::segment::Segment::decode(&obj.data) {
+        if let Ok(seg) = narad_shared::stored::Segment::decode(&obj.data) {
             held.extend(
                 seg.messages
                     .iter()

@@ -150,8 +150,7 @@ impl Fleet {
             .filter(|f| f.parent().is_some_and(|p| p.ends_with("segments")))
             .filter_map(|f| f.file_name()?.to_str().map(str::to_owned))
             .filter(|name| {
-                narad_shared::partition::combine::Combinable::parse(name)
-                    .is_some_and(|c| c.tag.is_some())
+                narad_shared::stored::Combinable::parse(name).is_some_and(|c| c.tag.is_some())
             })
             .count()
     }
@@ -179,7 +178,7 @@ impl Fleet {
             .filter(|f| f.to_string_lossy().ends_with("manifest.json"))
             .map(|f| {
                 let data = std::fs::read(&f).unwrap();
-                let json = narad_shared::cas::open_json(&data).unwrap();
+                let json = narad_shared::stored::open_json(&data).unwrap();
                 serde_json::from_slice::<Value>(json).unwrap()["format"]
                     .as_u64()
                     .unwrap()

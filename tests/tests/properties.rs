@@ -3,11 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use base64::Engine;
-use narad_shared::http::batch_body::{parse_ack_batch, parse_produce_batch};
+use narad_shared::http::render;
 use narad_shared::http::{basic_credentials, parse_wait};
-use narad_shared::payload::render;
-use narad_shared::receipt::{Claims, ReceiptError, Receipts};
+use narad_shared::http::{parse_ack_batch, parse_produce_batch};
 use narad_shared::settings::SettingsInput;
+use narad_shared::stored::{Claims, ReceiptError, Receipts};
 use proptest::prelude::*;
 
 fn receipts() -> Receipts {

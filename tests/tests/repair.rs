@@ -454,9 +454,7 @@ async fn torn_writes_are_repaired_and_every_invariant_holds() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| {
-            p["version"].as_u64().unwrap() >= narad_shared::partition::rebuild::VERSION_JUMP
-        })
+        .filter(|p| p["version"].as_u64().unwrap() >= narad_shared::stored::VERSION_JUMP)
         .count();
     let damaged_reads: u64 = store
         .torn_manifests

@@ -14,9 +14,9 @@ use serde_json::{json, Value};
 async fn rewrite_as_newer(store: &DynStore, key: &str, field: &str, value: Value) -> bytes::Bytes {
     let o = store.get(key).await.unwrap().unwrap();
     let mut v: Value =
-        serde_json::from_slice(narad_shared::cas::open_json(&o.data).unwrap()).unwrap();
+        serde_json::from_slice(narad_shared::stored::open_json(&o.data).unwrap()).unwrap();
     v[field] = value;
-    let sealed = narad_shared::cas::seal_json(serde_json::to_vec(&v).unwrap());
+    let sealed = narad_shared::stored::seal_json(serde_json::to_vec(&v).unwrap());
     store
         .put_if_match(key, sealed.clone(), &o.etag)
         .await
@@ -306,9 +306,9 @@ async fn a_newer_receipt_key_or_handle_is_upgrade_required() {
     // A handle a newer build signed, in a newer handle version.
     assert_upgrade_required(s.ack_raw("h", "v3.e30.AAAA", "").await, "ack").await;
     // The generated receipt key in a newer format: a process on it serves nothing.
-    let key = narad_shared::keys::RECEIPT_KEY;
+    let key = narad_shared::stored::keys::RECEIPT_KEY;
     // Test servers are configured with keys: generate the shared one as a process without.
-    narad_shared::receipt::shared_key(&*s.store, &narad_shared::clock::RandomIds)
+    narad_shared::stored::shared_key(&*s.store, &narad_shared::clock::RandomIds)
         .await
         .unwrap();
     let newer = rewrite_as_newer(&s.store, key, "format", json!(2)).await;
@@ -350,10 +350,10 @@ async fn settings_a_newer_build_added_survive_a_patch_made_here() {
     let key = "topics/set/topic.json";
     let o = s.store.get(key).await.unwrap().unwrap();
     let mut v: Value =
-        serde_json::from_slice(narad_shared::cas::open_json(&o.data).unwrap()).unwrap();
+        serde_json::from_slice(narad_shared::stored::open_json(&o.data).unwrap()).unwrap();
     v["settings"]["max_message_bytes"] = json!(512);
     v["owner"] = json!({"team": "payments"});
-    let sealed = narad_shared::cas::seal_json(serde_json::to_vec(&v).unwrap());
+    let sealed = narad_shared::stored::seal_json(serde_json::to_vec(&v).unwrap());
     s.store.put_if_match(key, sealed, &o.etag).await.unwrap();
 
     let other = fresh(&s, TestClock::manual(T0)).await;
@@ -365,7 +365,7 @@ async fn settings_a_newer_build_added_survive_a_patch_made_here() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let after: Value = serde_json::from_slice(
-        narad_shared::cas::open_json(&s.store.get(key).await.unwrap().unwrap().data).unwrap(),
+        narad_shared::stored::open_json(&s.store.get(key).await.unwrap().unwrap().data).unwrap(),
     )
     .unwrap();
     assert_eq!(after["settings"]["visibility_timeout_ms"], 60000);

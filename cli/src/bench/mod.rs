@@ -36,7 +36,7 @@ use servers::Servers;
 
 /// What to run (the flags of `narad bench`).
 #[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Store URL to benchmark (file://PATH, memory://, s3://BUCKET[/PREFIX]).
     #[arg(long, default_value = "file://./narad-bench-data")]
     pub store: String,
@@ -229,7 +229,7 @@ impl Bench {
     }
 }
 
-pub async fn run(args: BenchArgs) -> Result<(), String> {
+pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     let b = Bench::start(&args).await?;
     let sizes = ManifestSizes::new(b.inner.clone(), &b.topic, args.partitions);
     let mut phases = vec![produce_phase(&b, &args).await?];

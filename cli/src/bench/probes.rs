@@ -96,7 +96,13 @@ impl ManifestSizes {
         Self {
             store,
             keys: (0..partitions)
-                .map(|p| narad_shared::keys::manifest(topic, narad_shared::keys::LAYOUT_FLAT, p))
+                .map(|p| {
+                    narad_shared::stored::keys::manifest(
+                        topic,
+                        narad_shared::stored::keys::LAYOUT_FLAT,
+                        p,
+                    )
+                })
                 .collect(),
             after: Arc::default(),
             peak: Arc::default(),
@@ -108,7 +114,7 @@ impl ManifestSizes {
         let mut out = (0, 0);
         for k in &self.keys {
             if let Ok(Some(o)) = self.store.get(k).await {
-                let json = narad_shared::cas::open_json(&o.data).unwrap_or(&o.data);
+                let json = narad_shared::stored::open_json(&o.data).unwrap_or(&o.data);
                 let indexes = serde_json::from_slice::<Value>(json)
                     .ok()
                     .and_then(|v| v["indexes"].as_array().map(Vec::len))

@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 
 /// What a phase's storage requests and commits add up to, over every server.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub counts: Counts,
     pub commits: f64,
     pub committed_ops: f64,
@@ -34,7 +34,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// `self - earlier`.
-    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+    pub(super) fn since(&self, earlier: &Snapshot) -> Snapshot {
         Snapshot {
             counts: self.counts.since(&earlier.counts),
             commits: self.commits - earlier.commits,
@@ -127,7 +127,7 @@ fn cpu_of_stat(stat: &str) -> Option<f64> {
 }
 
 /// The servers under test.
-pub struct Servers {
+pub(super) struct Servers {
     /// Base URLs, one per server.
     pub bases: Vec<String>,
     local: Option<(Arc<Broker>, tokio::task::JoinHandle<()>)>,
@@ -139,7 +139,7 @@ pub struct Servers {
 
 impl Servers {
     /// One server inside this process, on `broker`.
-    pub async fn in_process(broker: Broker, users: Users) -> Result<Self, String> {
+    pub(super) async fn in_process(broker: Broker, users: Users) -> Result<Self, String> {
         let broker = Arc::new(broker);
         let opts = narad_shared::config::HttpOptions::default();
         let app = http::router(broker.clone(), users, &opts);
@@ -164,7 +164,7 @@ impl Servers {
 
     /// `k` separate `narad serve` processes (this executable) on `store`, each on its own
     /// loopback port, authenticating `user:password`. Killed when dropped.
-    pub async fn processes(k: usize, store: &str, auth: &str) -> Result<Self, String> {
+    pub(super) async fn processes(k: usize, store: &str, auth: &str) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut children = Vec::new();
         let mut bases = Vec::new();
@@ -209,7 +209,7 @@ impl Servers {
     }
 
     /// Storage requests and commits so far, summed over every server.
-    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+    pub(super) async fn snapshot(&self) -> Result<Snapshot, String> {
         if let Some((broker, _)) = &self.local {
             let mut s = parse_metrics(&broker.metrics_text());
             s.cpu = cpu_seconds("self");
@@ -239,7 +239,7 @@ impl Servers {
     }
 
     /// Stops every server.
-    pub async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         if let Some((_, task)) = self.local.take() {
             task.abort();
         }

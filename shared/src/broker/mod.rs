@@ -12,20 +12,20 @@
 //! docs/design.md §4 and §5 and are implemented by the pure transitions of
 //! [`crate::partition`].
 
-pub mod consume;
+pub(crate) mod consume;
 mod dead_letter;
 mod long_poll;
 mod metrics;
 mod piggyback;
-pub mod produce;
+pub(crate) mod produce;
 mod read;
 mod redrive;
 mod replay;
 mod settle;
 mod sticky;
-pub mod subscriptions;
+pub(crate) mod subscriptions;
 mod topic_cache;
-pub mod topics;
+pub(crate) mod topics;
 mod watch;
 
 use crate::cas::CasError;
@@ -48,7 +48,7 @@ use crate::store::metered::MeteredStore;
 use crate::store::DynStore;
 use subscriptions::Group;
 
-pub use crate::partition::Settle;
+pub use crate::partition::settle::Settle;
 pub use crate::topic::Topic;
 pub use consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 pub use piggyback::AckedConsume;

@@ -19,9 +19,9 @@ use crate::partition::{Layout, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
 
 /// Segments read ahead of the last one a consume read.
-pub const READ_AHEAD_SEGMENTS: usize = 8;
+pub(super) const READ_AHEAD_SEGMENTS: usize = 8;
 /// Most payload bytes one read-ahead fetches.
-pub const READ_AHEAD_BYTES: u64 = 8 << 20;
+pub(super) const READ_AHEAD_BYTES: u64 = 8 << 20;
 
 /// Partitions whose last lease this process remembers at most; past this the record
 /// starts again (a partition not consumed from since reads ahead once more).

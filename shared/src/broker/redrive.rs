@@ -32,7 +32,7 @@ pub const MAX_REDRIVE: usize = 1000;
 
 /// How long a redriven message is held (delayed) on a topic with named subscriptions while
 /// the redrive cancels it for the subscriptions it is not for.
-pub const REDRIVE_HOLD_MS: u64 = 30_000;
+pub(super) const REDRIVE_HOLD_MS: u64 = 30_000;
 
 /// Where one dead letter went back to.
 #[derive(Debug, Clone, PartialEq, Eq)]

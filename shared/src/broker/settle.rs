@@ -26,7 +26,7 @@ use crate::topic::Topic;
 /// How old a cached topic a settle may use (see the module documentation): a change of
 /// `max_acked_ahead_per_partition`, `visibility_timeout_ms` or `max_deliveries` reaches
 /// settles within this.
-pub const SETTLE_TOPIC_MAX_AGE: Duration = Duration::from_secs(10);
+pub(super) const SETTLE_TOPIC_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// One settle on a partition: (offset, lease id, action).
 type SettleAt = (u64, u64, Settle);

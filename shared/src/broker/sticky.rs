@@ -73,7 +73,7 @@ struct State {
 
 impl Sticky {
     /// Cursors whose rounds are drawn from `seed`.
-    pub fn new(seed: &str) -> Self {
+    pub(super) fn new(seed: &str) -> Self {
         use sha2::{Digest, Sha256};
         let digest = Sha256::digest(seed.as_bytes());
         let mut bytes = [0u8; 32];
@@ -89,7 +89,7 @@ impl Sticky {
     /// The partition (of `n`) for the next `take` operations of `kind` on `topic`, for
     /// one of its subscriptions (`None`: the default one); `busy(p)` tells whether
     /// partition `p` has a commit of them in flight or queued here.
-    pub fn pick(
+    pub(super) fn pick(
         &self,
         kind: Kind,
         of: (&str, Option<&str>),
@@ -109,7 +109,7 @@ impl Sticky {
 
     /// A consume found nothing where the cursor pointed and was served by `partition`:
     /// the next ones start there.
-    pub fn served(&self, kind: Kind, of: (&str, Option<&str>), partition: u32) {
+    pub(super) fn served(&self, kind: Kind, of: (&str, Option<&str>), partition: u32) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = state.cursors.get_mut(&CursorKey::new(kind, of)) {
             c.partition = partition;

@@ -20,7 +20,7 @@ use super::{Broker, Created};
 
 /// Which set of competing consumers an operation is for.
 #[derive(Debug, Clone, Copy)]
-pub enum Group<'a> {
+pub(crate) enum Group<'a> {
     /// The topic's default subscription (its ledger is in the manifest).
     Default,
     /// A named subscription.
@@ -34,7 +34,7 @@ impl<'a> Group<'a> {
     /// [`BrokerError::SubscriptionNotFound`]; [`BrokerError::StaleTopic`] when a topic
     /// from this process's cache does not have it (another process may have just created
     /// it: the caller reads the topic again).
-    pub fn of(topic: &'a Topic, name: Option<&'a str>) -> BrokerResult<Self> {
+    pub(crate) fn of(topic: &'a Topic, name: Option<&'a str>) -> BrokerResult<Self> {
         let Some(name) = name else {
             return Ok(Group::Default);
         };
@@ -47,7 +47,7 @@ impl<'a> Group<'a> {
     }
 
     /// Its name (`None`: the default one).
-    pub fn name(&self) -> Option<&'a str> {
+    pub(crate) fn name(&self) -> Option<&'a str> {
         match *self {
             Group::Default => None,
             Group::Named(name, _) => Some(name),
@@ -55,7 +55,7 @@ impl<'a> Group<'a> {
     }
 
     /// The settings its leases and settles obey.
-    pub fn settings(&self, topic: &Topic) -> crate::settings::TopicSettings {
+    pub(crate) fn settings(&self, topic: &Topic) -> crate::settings::TopicSettings {
         match self {
             Group::Default => topic.settings.clone(),
             Group::Named(_, rec) => rec.settings.effective(&topic.settings),
@@ -66,7 +66,7 @@ impl<'a> Group<'a> {
 /// Checks a subscription name: the rules of topic names.
 ///
 /// Errors: [`BrokerError::InvalidSetting`].
-pub fn validate_name(name: &str) -> BrokerResult<()> {
+pub(crate) fn validate_name(name: &str) -> BrokerResult<()> {
     keys::validate_topic(name).map_err(|e| {
         BrokerError::InvalidSetting(crate::settings::InvalidSetting(format!(
             "invalid subscription name: {}",

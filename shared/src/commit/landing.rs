@@ -104,7 +104,7 @@ impl Against {
 
 impl Landing {
     /// A landing that lists (when `combining`) on its first attempt.
-    pub fn new(combining: bool) -> Self {
+    pub(super) fn new(combining: bool) -> Self {
         Self {
             combining,
             ..Self::default()
@@ -113,7 +113,7 @@ impl Landing {
 
     /// A combining landing starting from what a listing against `state` found, with the
     /// batch's `own` intents.
-    pub fn listed(listed: Listed, state: &Manifest, own: Vec<Intent>) -> Self {
+    pub(super) fn listed(listed: Listed, state: &Manifest, own: Vec<Intent>) -> Self {
         Self {
             combining: true,
             foreign: listed.segments,
@@ -124,27 +124,27 @@ impl Landing {
     }
 
     /// Whether it lands other processes' writes (the partition is contended).
-    pub fn combining(&self) -> bool {
+    pub(super) fn combining(&self) -> bool {
         self.combining
     }
 
     /// The batch's own intents.
-    pub fn own(&self) -> &[Intent] {
+    pub(super) fn own(&self) -> &[Intent] {
         &self.own
     }
 
     /// Other processes' segments this attempt lands.
-    pub fn foreign(&self) -> &[SegmentRef] {
+    pub(super) fn foreign(&self) -> &[SegmentRef] {
         &self.foreign
     }
 
     /// The intents this attempt applies.
-    pub fn intents(&self) -> &[Intent] {
+    pub(super) fn intents(&self) -> &[Intent] {
         &self.intents
     }
 
     /// Whether this attempt applies lease intents.
-    pub fn leases(&self) -> bool {
+    pub(super) fn leases(&self) -> bool {
         self.intents
             .iter()
             .any(|i| matches!(i.ask, Ask::Lease { .. }))
@@ -152,7 +152,12 @@ impl Landing {
 
     /// Writes again each of the batch's own intents that `state` shows passed over (it
     /// can never land); returns whether every one is decided in `state`.
-    pub async fn check_own_intents(&mut self, c: &Committer, q: &Queue, state: &Manifest) -> bool {
+    pub(super) async fn check_own_intents(
+        &mut self,
+        c: &Committer,
+        q: &Queue,
+        state: &Manifest,
+    ) -> bool {
         let mut done = true;
         for own in &mut self.own {
             match intent::status(state, &own.id) {
@@ -173,7 +178,7 @@ impl Landing {
 
     /// Decides what the attempt from `state` lands ([`listing`]), listing the partition
     /// if it must (`own_segment`: the batch's own, left out).
-    pub async fn prepare(
+    pub(super) async fn prepare(
         &mut self,
         c: &Committer,
         q: &Queue,

@@ -66,7 +66,7 @@ pub(super) struct Looked {
 }
 
 impl Listed {
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.segments.is_empty() && self.intents.is_empty()
     }
 }

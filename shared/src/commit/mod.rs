@@ -24,7 +24,7 @@ mod chore;
 mod combine;
 mod landing;
 mod ledgers;
-pub use ledgers::{Figures, LedgerSummary};
+pub(crate) use ledgers::Figures;
 mod listing;
 mod ordering;
 mod produces;
@@ -35,7 +35,7 @@ mod sweep;
 #[cfg(test)]
 mod tests;
 mod upkeep;
-pub mod wake;
+pub(crate) mod wake;
 mod write;
 
 use crate::gate::FleetLevel;
@@ -63,21 +63,21 @@ use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
-pub use repair::{Repair, RepairState};
+pub(crate) use repair::Repair;
 use role::{Idle, Role};
-pub use wake::Wakers;
+pub(crate) use wake::Wakers;
 
 /// A segment older than this is never committed (garbage collection's grace period is
 /// far longer; docs/design.md §7).
-pub const MAX_SEGMENT_AGE_AT_COMMIT_MS: u64 = 5 * 60 * 1000;
+pub(crate) const MAX_SEGMENT_AGE_AT_COMMIT_MS: u64 = 5 * 60 * 1000;
 
 /// Payload bytes one commit takes at most (one operation always fits, whatever its size).
-pub const MAX_BATCH_BYTES: usize = 8 << 20;
+pub(crate) const MAX_BATCH_BYTES: usize = 8 << 20;
 
 /// What a lease request got, and where the partition's messages were as of the commit
 /// that granted it (to find each granted message's segment, and to read ahead).
 #[derive(Debug, Clone)]
-pub struct LeaseAnswer {
+pub(crate) struct LeaseAnswer {
     /// The leases granted and the messages parked for dead-lettering.
     pub leased: Leased,
     /// The partition's layout as committed.
@@ -90,7 +90,7 @@ pub struct LeaseAnswer {
 /// The process's caches of immutable decoded objects, shared by the committer (which
 /// caches what it writes) and the broker's readers.
 #[derive(Clone)]
-pub struct Caches {
+pub(crate) struct Caches {
     /// Segments.
     pub segments: Arc<SegmentCache>,
     /// Index objects.
@@ -102,7 +102,7 @@ pub struct Caches {
 impl Caches {
     /// Caches of about `bytes` of segments; index objects and key chunks get a quarter
     /// of that more each.
-    pub fn new(bytes: usize) -> Self {
+    pub(crate) fn new(bytes: usize) -> Self {
         Self {
             segments: Arc::new(Cache::new(bytes)),
             indexes: Arc::new(Cache::new(bytes / 4)),
@@ -113,7 +113,7 @@ impl Caches {
 
 /// One partition as the snapshot this process holds shows it ([`Committer::summaries`]).
 #[derive(Debug, Clone)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Topic.
     pub topic: String,
     /// Partition.
@@ -133,7 +133,7 @@ pub struct Summary {
 
 /// A partition as [`Committer::peek`] sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Peek {
+pub(crate) enum Peek {
     /// No snapshot here.
     Unknown,
     /// Operations queued or committing.
@@ -228,7 +228,7 @@ impl Queue {
 
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
-pub struct CommitStats {
+pub(crate) struct CommitStats {
     /// Manifest writes that landed.
     pub commits: AtomicU64,
     /// Operations answered by those writes.
@@ -266,7 +266,7 @@ pub struct CommitStats {
 }
 
 /// The per-process group committer. Shared behind an `Arc`.
-pub struct Committer {
+pub(crate) struct Committer {
     caches: Caches,
     linger: Duration,
     /// The fleet level: which formats this process may write ([`crate::gate`]).
@@ -324,7 +324,7 @@ impl Committer {
     /// A committer writing through `store`, caching the immutable objects it writes and
     /// reads in `caches`. Each busy batch waits `linger` so that more operations can join
     /// it.
-    pub fn new(
+    pub(crate) fn new(
         store: DynStore,
         ids: Arc<dyn IdSource>,
         clock: Arc<dyn Clock>,
@@ -353,7 +353,7 @@ impl Committer {
     }
 
     /// The wake-ups this committer sends after commits that make messages available.
-    pub fn wakers(&self) -> &Wakers {
+    pub(crate) fn wakers(&self) -> &Wakers {
         &self.wakers
     }
 
@@ -362,7 +362,7 @@ impl Committer {
     ///
     /// Errors: [`BrokerError::StaleTopic`] when the topic was re-created, the batch's
     /// storage failure ([`BrokerError::Contention`], [`BrokerError::Store`]).
-    pub async fn produce(
+    pub(crate) async fn produce(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
@@ -377,7 +377,7 @@ impl Committer {
     /// (the first whatever its size; 0 messages: a commit that only applies retention).
     ///
     /// Errors: as [`Committer::produce`].
-    pub async fn lease(
+    pub(crate) async fn lease(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
@@ -396,7 +396,7 @@ impl Committer {
     /// lease is answered when the settles are.
     ///
     /// Errors: as [`Committer::lease`] and [`Committer::settle`], each its own.
-    pub async fn lease_settling(
+    pub(crate) async fn lease_settling(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
@@ -420,7 +420,7 @@ impl Committer {
     /// rest in the next); each settle's result, in order.
     ///
     /// Errors: as [`Committer::settle`], each its own.
-    pub async fn settle_many(
+    pub(crate) async fn settle_many(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
@@ -435,11 +435,12 @@ impl Committer {
         results
     }
 
+    #[cfg(test)]
     /// Acks, extends or nacks the lease `lease_id` on `offset`.
     ///
     /// Errors: [`BrokerError::LeaseGone`], [`BrokerError::AckedAheadFull`], and as
     /// [`Committer::produce`].
-    pub async fn settle(
+    pub(crate) async fn settle(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
@@ -458,7 +459,7 @@ impl Committer {
     /// answers how many segments were replaced.
     ///
     /// Errors: as [`Committer::produce`].
-    pub async fn compact(
+    pub(crate) async fn compact(
         self: &Arc<Self>,
         topic: &Topic,
         partition: u32,
@@ -473,7 +474,7 @@ impl Committer {
     /// watch (`broker/watch.rs`): [`Peek::Unknown`] when it holds no snapshot (never
     /// committed or read here), [`Peek::Busy`] while operations are queued or a batch is
     /// running, else the cached snapshot's ETag and [`lease::quiet_until`] on it.
-    pub fn peek(&self, topic: &Topic, partition: u32) -> Peek {
+    pub(crate) fn peek(&self, topic: &Topic, partition: u32) -> Peek {
         let key = (topic.name.clone(), topic.incarnation.clone(), partition);
         let Some(queue) = lock(&self.queues).get(&key).cloned() else {
             return Peek::Unknown;
@@ -499,7 +500,7 @@ impl Committer {
     /// The newest version of `partition`'s manifest whose state answered this process's
     /// callers, if it has answered any: a layout read from an older version may lack this
     /// process's own writes. No storage request.
-    pub fn announced_version(&self, topic: &Topic, partition: u32) -> Option<u64> {
+    pub(crate) fn announced_version(&self, topic: &Topic, partition: u32) -> Option<u64> {
         let key = (topic.name.clone(), topic.incarnation.clone(), partition);
         let queue = lock(&self.queues).get(&key)?.clone();
         let v = queue.announced.load(AtomicOrdering::Acquire);
@@ -529,7 +530,11 @@ impl Committer {
     /// from the next offset. The objects are deleted after the commit lands.
     ///
     /// Errors: as [`Committer::produce`].
-    pub async fn purge(self: &Arc<Self>, topic: &Topic, partition: u32) -> BrokerResult<u64> {
+    pub(crate) async fn purge(
+        self: &Arc<Self>,
+        topic: &Topic,
+        partition: u32,
+    ) -> BrokerResult<u64> {
         let (tx, rx) = oneshot::channel();
         self.enqueue(topic, partition, [Op::Purge(tx)]);
         answer(rx).await
@@ -538,7 +543,7 @@ impl Committer {
     /// What this process's cached snapshots show of every partition it has committed to
     /// or read, newest incarnation of each topic only; no storage request. A snapshot is as
     /// old as this process's last commit or read of that partition.
-    pub fn summaries(&self) -> Vec<Summary> {
+    pub(crate) fn summaries(&self) -> Vec<Summary> {
         let now = self.clock.now_ms();
         let queues: Vec<Arc<Queue>> = lock(&self.queues).values().cloned().collect();
         let mut newest: HashMap<String, String> = HashMap::new();

@@ -16,10 +16,10 @@ use crate::partition::{Layout, SegmentRef};
 use super::{lock, Committer, Queue};
 
 /// Segments read per round.
-pub const KEY_READ_SEGMENTS: usize = 16;
+pub(super) const KEY_READ_SEGMENTS: usize = 16;
 
 /// Rounds of reading keys per commit attempt.
-pub const KEY_ROUNDS: usize = 8;
+pub(super) const KEY_ROUNDS: usize = 8;
 
 impl Committer {
     /// Adds to `keys` the key hashes of the segment holding `from` per `layout` and of up

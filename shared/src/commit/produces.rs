@@ -51,7 +51,7 @@ pub(super) fn combinable(batch: &Batch) -> bool {
 
 impl Produces {
     /// Produces whose segment a combining head wrote already, for `plan`.
-    pub fn written(segment: Option<(SegmentRef, Plan)>) -> Self {
+    pub(super) fn written(segment: Option<(SegmentRef, Plan)>) -> Self {
         let (segment, written_for) = segment.map_or((None, None), |(s, p)| (Some(s), Some(p)));
         Self {
             segment,
@@ -64,30 +64,30 @@ impl Produces {
     /// turns to combining ([`super::batch::Stop::Switch`]) waits for a combinable segment to
     /// land rather than write its messages again (any process's combining commit may land
     /// it already).
-    pub fn take_written(&mut self) -> Option<(SegmentRef, Plan)> {
+    pub(super) fn take_written(&mut self) -> Option<(SegmentRef, Plan)> {
         let segment = self.segment.take()?;
         let plan = self.written_for.take()?;
         Some((segment, plan))
     }
 
     /// The segment this attempt commits, if any.
-    pub fn segment(&self) -> Option<&SegmentRef> {
+    pub(super) fn segment(&self) -> Option<&SegmentRef> {
         self.segment.as_ref()
     }
 
     /// Whether the current segment's write confirmed the topic record: a commit that
     /// creates the manifest need not confirm it again ([`super::write`]).
-    pub fn confirmed_topic(&self) -> bool {
+    pub(super) fn confirmed_topic(&self) -> bool {
         self.segment.is_some() && self.confirmed
     }
 
     /// Where the segment landed, when only an index object could tell.
-    pub fn found_at(&self) -> Option<u64> {
+    pub(super) fn found_at(&self) -> Option<u64> {
         self.found_at
     }
 
     /// Why the produces could not be committed, if they could not.
-    pub fn refused(&self) -> Option<&BrokerError> {
+    pub(super) fn refused(&self) -> Option<&BrokerError> {
         self.refused.as_ref()
     }
 
@@ -97,7 +97,7 @@ impl Produces {
     /// beside it when `state` is no stored manifest of this incarnation yet. Returns
     /// whether the batch's combinable segment has landed already (in a commit of another
     /// process).
-    pub async fn prepare(
+    pub(super) async fn prepare(
         &mut self,
         c: &Committer,
         q: &Queue,
@@ -152,7 +152,7 @@ impl Produces {
 
     /// The plan for applying to `m`: the one `prepare` made against it, or (had it not
     /// run) one made now.
-    pub fn take_plan(&mut self, batch: &Batch, m: &Manifest, now: u64) -> Plan {
+    pub(super) fn take_plan(&mut self, batch: &Batch, m: &Manifest, now: u64) -> Plan {
         self.plan.take().unwrap_or_else(|| {
             let spilled = &self.spilled;
             Plan::new(&batch.produces, m, now, &|k| spilled.get(k).copied())
@@ -160,12 +160,12 @@ impl Produces {
     }
 
     /// Puts back the plan `take_plan` gave.
-    pub fn keep_plan(&mut self, plan: Plan) {
+    pub(super) fn keep_plan(&mut self, plan: Plan) {
         self.plan = Some(plan);
     }
 
     /// The plan of the current attempt, once made.
-    pub fn plan(&self) -> Option<&Plan> {
+    pub(super) fn plan(&self) -> Option<&Plan> {
         self.plan.as_ref()
     }
 

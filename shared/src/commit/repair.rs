@@ -113,7 +113,7 @@ impl Committer {
     ///
     /// Errors: store failures; [`BrokerError::Contention`] when the manifest changed
     /// between inspection and repair (run it again); [`BrokerError::StaleTopic`].
-    pub async fn repair(
+    pub(crate) async fn repair(
         &self,
         topic: &Topic,
         partition: u32,

@@ -61,7 +61,7 @@ pub(super) struct Attempts {
 impl Attempts {
     /// Whether another writer raced this one: one conflict on a cache not confirmed first
     /// is a stale cache (a lone client whose requests rotate over processes), not a race.
-    pub fn raced(&self) -> bool {
+    pub(super) fn raced(&self) -> bool {
         self.tries
             > if self.confirmed == Confirmed::No {
                 2
@@ -71,7 +71,7 @@ impl Attempts {
     }
 
     /// Whether the cache turned out out of date (so the next batch confirms it first).
-    pub fn found_stale(&self) -> bool {
+    pub(super) fn found_stale(&self) -> bool {
         self.tries > 1 || self.confirmed == Confirmed::Changed
     }
 }
@@ -128,47 +128,47 @@ impl<W> Default for Role<W> {
 
 impl<W: Clone> Role<W> {
     /// Whether the partition counts as contended at `now`.
-    pub fn contended(&self, now: Instant) -> bool {
+    pub(super) fn contended(&self, now: Instant) -> bool {
         self.contended_until.is_some_and(|t| now < t)
     }
 
     /// Records a sign of another writer, seen at `now`.
-    pub fn mark_contended(&mut self, now: Instant) {
+    pub(super) fn mark_contended(&mut self, now: Instant) {
         self.contended_until = Some(now + CONTENDED_FOR);
     }
 
     /// Whether this process is the partition's committer: it commits its own operations
     /// at once, as they are, and sweeps while idle.
-    pub fn is_committer(&self) -> bool {
+    pub(super) fn is_committer(&self) -> bool {
         self.sweeping
     }
 
     /// Makes this process the partition's committer (it took over a combining commit).
-    pub fn become_committer(&mut self) {
+    pub(super) fn become_committer(&mut self) {
         self.sweeping = true;
         self.sweeps = 0;
         self.idle_sweeps = 0;
     }
 
     /// Whether the next commit confirms the cached snapshot first.
-    pub fn confirm_cache_first(&self) -> bool {
+    pub(super) fn confirm_cache_first(&self) -> bool {
         self.stale_cache
     }
 
     /// A batch of queued operations was taken, to commit under `with` (the rules, and
     /// for a manifest the ETag of the topic record): sweeps after it commit the same way.
-    pub fn took_batch(&mut self, with: W) {
+    pub(super) fn took_batch(&mut self, with: W) {
         self.sweeps = 0;
         self.sweep_with = Some(with);
     }
 
     /// What a sweep commits under; `None` before any batch.
-    pub fn sweep_with(&self) -> Option<W> {
+    pub(super) fn sweep_with(&self) -> Option<W> {
         self.sweep_with.clone()
     }
 
     /// The queue is empty: sweep again, or stop (and stop being the committer).
-    pub fn idle(&mut self) -> Idle {
+    pub(super) fn idle(&mut self) -> Idle {
         if !self.sweeping || self.sweeps >= MAX_SWEEPS {
             self.sweeping = false;
             return Idle::Stop;
@@ -178,7 +178,7 @@ impl<W: Clone> Role<W> {
     }
 
     /// A sweep ended at `now`, having landed something or not.
-    pub fn swept(&mut self, landed: bool, now: Instant) {
+    pub(super) fn swept(&mut self, landed: bool, now: Instant) {
         if landed {
             self.idle_sweeps = 0;
             self.mark_contended(now);
@@ -196,7 +196,7 @@ impl<W: Clone> Role<W> {
     /// its write goes out a round trip before theirs can, every time. They turn to
     /// combining (a batch that lost two races does), and this look is how it learns of
     /// them: at most every [`LOOK_EVERY`], after [`LOOK_AFTER`] commits in a row.
-    pub fn look_due(&self, now: Instant) -> bool {
+    pub(super) fn look_due(&self, now: Instant) -> bool {
         self.run >= LOOK_AFTER
             && self
                 .looked_at
@@ -205,7 +205,7 @@ impl<W: Clone> Role<W> {
 
     /// A look started at `now`; `others` when it found other processes' writes pending
     /// (the partition is contended).
-    pub fn looked(&mut self, others: bool, now: Instant) {
+    pub(super) fn looked(&mut self, others: bool, now: Instant) {
         self.looked_at = Some(now);
         if others {
             self.mark_contended(now);
@@ -213,7 +213,7 @@ impl<W: Clone> Role<W> {
     }
 
     /// A batch's (or sweep's) manifest write ended at `now` after `a`.
-    pub fn committed(&mut self, a: Attempts, now: Instant) {
+    pub(super) fn committed(&mut self, a: Attempts, now: Instant) {
         self.stale_cache = a.found_stale();
         let close = self
             .last_commit

@@ -9,17 +9,17 @@ use tokio::sync::Notify;
 
 /// Per-topic wake-ups for long polls in this process.
 #[derive(Debug, Default)]
-pub struct Wakers(Mutex<HashMap<String, Arc<Notify>>>);
+pub(crate) struct Wakers(Mutex<HashMap<String, Arc<Notify>>>);
 
 impl Wakers {
     /// The notifier of `topic`.
-    pub fn get(&self, topic: &str) -> Arc<Notify> {
+    pub(crate) fn get(&self, topic: &str) -> Arc<Notify> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(topic.to_owned()).or_default().clone()
     }
 
     /// Wakes every long poll on `topic` in this process.
-    pub fn wake(&self, topic: &str) {
+    pub(crate) fn wake(&self, topic: &str) {
         self.get(topic).notify_waiters();
     }
 }

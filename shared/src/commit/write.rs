@@ -191,7 +191,7 @@ pub(super) enum TopicCheck {
 
 impl TopicCheck {
     /// Whether the record is confirmed for the commit that follows (or was just read).
-    pub fn confirms(self) -> bool {
+    pub(super) fn confirms(self) -> bool {
         self != TopicCheck::NotNeeded
     }
 }

@@ -281,7 +281,7 @@ async fn recent_writes(
 /// The newest of `writes` (a manifest's recent write ids) made at or after `since` by a
 /// build that cannot read `target`, as a blocker. A write whose time cannot be read counts
 /// as recent.
-pub fn recent_write(
+pub(super) fn recent_write(
     topic: &str,
     partition: u32,
     writes: &[String],

@@ -25,11 +25,11 @@ use super::{ApiError, AppState};
 use crate::access::{Action, User};
 
 /// Failed logins from one address before it is throttled.
-pub const THROTTLE_AFTER: u32 = 20;
+pub(super) const THROTTLE_AFTER: u32 = 20;
 /// The window those failures are counted in.
-pub const THROTTLE_WINDOW: Duration = Duration::from_secs(60);
+pub(super) const THROTTLE_WINDOW: Duration = Duration::from_secs(60);
 /// How long a throttled address gets 429.
-pub const THROTTLE_FOR: Duration = Duration::from_secs(60);
+pub(super) const THROTTLE_FOR: Duration = Duration::from_secs(60);
 /// Addresses tracked at once (the least recently failing are forgotten first).
 const TRACKED: usize = 10_000;
 

@@ -148,7 +148,7 @@ struct ConsumeAcks {
 /// none).
 ///
 /// Errors: 400 for bad JSON, an unknown field or over [`MAX_BATCH_ENTRIES`] handles.
-pub fn parse_consume_acks(body: &[u8]) -> Result<Vec<String>, ApiError> {
+pub(crate) fn parse_consume_acks(body: &[u8]) -> Result<Vec<String>, ApiError> {
     let body: ConsumeAcks = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid consume body: {e}")))?;
     if body.ack.len() > MAX_BATCH_ENTRIES {
@@ -160,14 +160,14 @@ pub fn parse_consume_acks(body: &[u8]) -> Result<Vec<String>, ApiError> {
 }
 
 /// The longest `extend=<duration>`: the longest visibility timeout a topic may have.
-pub const MAX_EXTEND: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+pub(crate) const MAX_EXTEND: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
 
 /// `extend`: absent acks, `true` renews the lease for the visibility timeout, `0` gives the
 /// message back, a duration (`30s`, `500ms`, `5m`; a bare number is seconds, as `wait`) ends
 /// the lease that long from now ("retry later"), at most [`MAX_EXTEND`].
 ///
 /// Errors: 400 for any other value.
-pub fn parse_extend(v: Option<&str>) -> Result<Settle, ApiError> {
+pub(crate) fn parse_extend(v: Option<&str>) -> Result<Settle, ApiError> {
     let bad = |other: &str| {
         ApiError::bad_request(format!(
             "extend must be true (renew the lease), 0 (give the message back) or a duration \

@@ -81,7 +81,7 @@ pub fn parse_wait(v: &str) -> Result<Duration, ApiError> {
 }
 
 /// The longest delay a produce may ask for (Cloudflare Queues' limit too).
-pub const MAX_DELAY_MS: u64 = 12 * 3600 * 1000;
+pub(super) const MAX_DELAY_MS: u64 = 12 * 3600 * 1000;
 
 /// `delay` of a produce, in `wait`'s syntax, in ms: at most [`MAX_DELAY_MS`].
 ///

@@ -11,8 +11,8 @@
 
 mod admission;
 mod auth;
-pub mod batch_body;
-pub mod error;
+pub(crate) mod batch_body;
+pub(crate) mod error;
 mod extract;
 mod handlers;
 pub mod limits;
@@ -20,7 +20,7 @@ pub mod limits;
 mod serve;
 #[cfg(feature = "server")]
 pub mod tls;
-pub mod trace;
+pub(crate) mod trace;
 mod views;
 
 use std::sync::Arc;
@@ -31,6 +31,8 @@ use axum::response::Response;
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 
+pub use crate::payload::{render, RenderedPayload};
+pub use batch_body::{parse_ack_batch, parse_produce_batch};
 pub use error::ApiError;
 pub use extract::parse_wait;
 #[cfg(feature = "server")]

@@ -28,10 +28,10 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 /// The request id header, read and answered.
-pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-chosen request id kept.
-pub const MAX_ID_LEN: usize = 64;
+pub(crate) const MAX_ID_LEN: usize = 64;
 
 /// Longest topic segment put in a span (topic names are shorter; longer input is cut).
 const MAX_TOPIC_LEN: usize = 128;

@@ -32,7 +32,7 @@ use crate::cas::Decision;
 
 /// An ack, extend or nack of one lease.
 #[derive(Debug, Clone)]
-pub struct SettleOp {
+pub(crate) struct SettleOp {
     /// Offset of the leased message.
     pub offset: u64,
     /// Lease id from the receipt handle.
@@ -45,7 +45,7 @@ pub struct SettleOp {
 
 /// A request for up to `max` leases.
 #[derive(Debug, Clone)]
-pub struct LeaseOp {
+pub(crate) struct LeaseOp {
     /// Most leases wanted (0: none, a commit that only applies retention).
     pub max: usize,
     /// Most payload bytes wanted (estimated; the first lease is granted whatever its size).
@@ -56,7 +56,7 @@ pub struct LeaseOp {
 
 /// The operations of one batch, grouped by kind; each group keeps arrival order.
 #[derive(Debug, Clone)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// Retention and the dedup window for the whole batch.
     pub rules: Rules,
     /// Each produce's messages.
@@ -73,7 +73,7 @@ pub struct Batch {
 
 impl Batch {
     /// True when the batch holds nothing but produces (maybe none: a sweep).
-    pub fn produces_only(&self) -> bool {
+    pub(crate) fn produces_only(&self) -> bool {
         self.settles.is_empty()
             && self.leases.is_empty()
             && self.swaps.is_empty()
@@ -81,7 +81,7 @@ impl Batch {
     }
 
     /// An empty batch under `rules`.
-    pub fn new(rules: Rules) -> Self {
+    pub(crate) fn new(rules: Rules) -> Self {
         Self {
             rules,
             produces: Vec::new(),
@@ -95,7 +95,7 @@ impl Batch {
 
 /// What each operation of a batch got, group by group, in the batch's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// Each produce's offsets, or why it has none.
     pub produced: Vec<Result<Vec<u64>, Unplaced>>,
     /// Each settle's result.
@@ -124,7 +124,7 @@ pub struct Applied {
 
 /// Index upkeep prepared for one attempt: index objects already written.
 #[derive(Debug, Clone, Default)]
-pub struct Upkeep {
+pub(crate) struct Upkeep {
     /// Hot segments to fold into a level-0 index.
     pub fold: Option<Fold>,
     /// Index refs to merge into the next level.
@@ -137,7 +137,7 @@ pub struct Upkeep {
 /// messages (`None` if its write was refused), other processes' combinable segments to
 /// land with it, and the index upkeep.
 #[derive(Debug, Clone, Copy)]
-pub struct Written<'a> {
+pub(crate) struct Written<'a> {
     /// The produces' plan.
     pub plan: &'a Plan,
     /// The new messages' segment.
@@ -156,7 +156,12 @@ pub struct Written<'a> {
 }
 
 /// Applies `batch` to `m` at `now`, with what was `written` for it.
-pub fn apply(m: &mut Manifest, now: u64, batch: &Batch, written: Written<'_>) -> Decision<Applied> {
+pub(crate) fn apply(
+    m: &mut Manifest,
+    now: u64,
+    batch: &Batch,
+    written: Written<'_>,
+) -> Decision<Applied> {
     let Written {
         plan,
         segment,

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A manifest write leaves a checkpoint at least every this many versions.
-pub const CHECKPOINT_EVERY: u64 = 16;
+pub(crate) const CHECKPOINT_EVERY: u64 = 16;
 
 /// Where a manifest's checkpoints stand (copies of the manifest written after their write
 /// lands: the way back from a corrupt manifest, docs/design.md §7), as of the newest write

@@ -13,7 +13,7 @@ use crate::formats::{Magic, Newer, Unreadable};
 /// Encodes `value` under `magic`'s newest version.
 ///
 /// Errors: why it cannot be encoded (a bug).
-pub fn seal<T: Serialize>(magic: &Magic, value: &T) -> Result<Bytes, EncodeError> {
+pub(crate) fn seal<T: Serialize>(magic: &Magic, value: &T) -> Result<Bytes, EncodeError> {
     let body = postcard::to_allocvec(value)?;
     let mut out = magic.bytes(magic.known).to_vec();
     out.extend_from_slice(&body);
@@ -28,7 +28,7 @@ pub fn seal<T: Serialize>(magic: &Magic, value: &T) -> Result<Bytes, EncodeError
 /// Errors: [`Unreadable::Newer`] for a newer version of the kind or a newer format;
 /// [`Unreadable::Corrupt`] for a bad magic, a checksum mismatch, or a body that does not
 /// decode.
-pub fn open<T: DeserializeOwned>(
+pub(crate) fn open<T: DeserializeOwned>(
     magic: &Magic,
     format: (&'static str, u32),
     data: &[u8],

@@ -31,7 +31,7 @@
 use super::{Manifest, SegmentRef};
 
 /// How many landed combinable segments a manifest remembers.
-pub const LANDED_KEEP: usize = 64;
+pub(crate) const LANDED_KEEP: usize = 64;
 
 /// The start of a combinable segment's or an intent's id, `{ms:013}-{unique}` (dashes
 /// taken out of `unique`): written at `now_ms`, and always above `after` (what the writer
@@ -40,7 +40,7 @@ pub const LANDED_KEEP: usize = 64;
 /// part would sort at or below `after`'s (two processes within one millisecond; within
 /// one process unique parts rise). Ids run ahead of the clock only as far as such steps
 /// take them.
-pub fn stem(now_ms: u64, after: &str, unique: &str) -> String {
+pub(crate) fn stem(now_ms: u64, after: &str, unique: &str) -> String {
     let floor = after
         .split_once('-')
         .and_then(|(t, _)| t.parse::<u64>().ok())
@@ -71,7 +71,7 @@ pub struct Combinable {
 
 /// The short tag of a topic incarnation that level-4 combinable ids end in: its last 12
 /// letters and digits (of a UUIDv7, random bits), lowercased.
-pub fn tag(incarnation: &str) -> String {
+pub(crate) fn tag(incarnation: &str) -> String {
     let s: Vec<char> = incarnation
         .chars()
         .filter(char::is_ascii_alphanumeric)
@@ -145,7 +145,7 @@ impl Combinable {
 
 /// What a manifest says of a combinable segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     /// Committed, at this base offset.
     Landed(u64),
     /// Not committed yet; any commit may land it.
@@ -157,7 +157,7 @@ pub enum Status {
 }
 
 /// The fate of the combinable segment `id` in `m`.
-pub fn status(m: &Manifest, id: &str) -> Status {
+pub(crate) fn status(m: &Manifest, id: &str) -> Status {
     if let Some((_, base)) = m.landed.iter().find(|(i, _)| i == id) {
         return Status::Landed(*base);
     }
@@ -200,7 +200,7 @@ fn never_landed(hot: &[SegmentRef], id: &str) -> bool {
 /// Lands every pending segment of `segs` in id order: each gets the next offsets, is
 /// remembered in `landed`, and `combined_through` rises past it. Returns the base offset
 /// of each segment of `segs` that landed now, in the order of `segs` (`None`: not pending).
-pub fn land(m: &mut Manifest, segs: &[SegmentRef]) -> Vec<Option<u64>> {
+pub(crate) fn land(m: &mut Manifest, segs: &[SegmentRef]) -> Vec<Option<u64>> {
     let mut order: Vec<usize> = (0..segs.len()).collect();
     order.sort_by(|a, b| segs[*a].id.cmp(&segs[*b].id));
     let mut out = vec![None; segs.len()];

@@ -15,7 +15,7 @@ pub struct Swap {
 }
 
 /// Applies every swap whose run `m` still holds. Returns how many segments were replaced.
-pub fn swap(m: &mut Manifest, swaps: &[Swap]) -> u64 {
+pub(crate) fn swap(m: &mut Manifest, swaps: &[Swap]) -> u64 {
     let mut replaced = 0u64;
     for Swap { run, merged } in swaps {
         let Some(first) = run.first() else { continue };

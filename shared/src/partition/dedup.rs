@@ -21,11 +21,11 @@ use crate::cache::Weigh;
 use crate::formats::{Magic, Unreadable};
 
 /// Most idempotency keys a partition remembers.
-pub const MAX_DEDUP_KEYS: usize = 5000;
+pub(crate) const MAX_DEDUP_KEYS: usize = 5000;
 /// Live keys the manifest holds before they spill into a chunk.
-pub const HOT_KEYS: usize = 128;
+pub(crate) const HOT_KEYS: usize = 128;
 /// The format of chunk objects this code writes (and the only one it reads).
-pub const CHUNK_FORMAT: u32 = 1;
+pub(crate) const CHUNK_FORMAT: u32 = 1;
 const MAGIC: Magic = Magic {
     kind: b"NDK",
     what: "key chunk format",
@@ -54,7 +54,7 @@ pub struct ChunkRef {
 
 /// A decoded chunk object: key hash → remembered produce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Chunk {
+pub(crate) struct Chunk {
     /// [`CHUNK_FORMAT`].
     pub format: u32,
     /// The spilled keys.
@@ -65,19 +65,19 @@ impl Chunk {
     /// The bytes to store.
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
-    pub fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
+    pub(crate) fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
         codec::seal(&MAGIC, self)
     }
 
     /// Decodes stored bytes.
     ///
     /// Errors: [`Unreadable`]: damaged, or written by a newer build.
-    pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
+    pub(crate) fn decode(data: &[u8]) -> Result<Self, Unreadable> {
         codec::open(&MAGIC, ("key chunk format", CHUNK_FORMAT), data)
     }
 
     /// The offset `hash`'s produce got, if still remembered at `now_ms`.
-    pub fn lookup(&self, hash: &str, now_ms: u64) -> Option<u64> {
+    pub(crate) fn lookup(&self, hash: &str, now_ms: u64) -> Option<u64> {
         live(self.keys.get(hash), now_ms)
     }
 }
@@ -90,7 +90,7 @@ impl Weigh for Chunk {
 
 /// A planned spill: the manifest's live keys `keys` move into the chunk `chunk`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Spill {
+pub(crate) struct Spill {
     /// The keys spilled, exactly as the manifest held them.
     pub keys: BTreeMap<String, Dedup>,
     /// The chunk object holding them.
@@ -98,7 +98,7 @@ pub struct Spill {
 }
 
 /// The stored form of an idempotency key: 32 hex digits of its SHA-256.
-pub fn key_hash(key: &str) -> String {
+pub(crate) fn key_hash(key: &str) -> String {
     let d = Sha256::digest(key.as_bytes());
     d[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -169,7 +169,7 @@ impl Manifest {
 }
 
 /// The keys a spill of `m` would take at `now_ms`, if one is due.
-pub fn spill_candidate(m: &Manifest, now_ms: u64) -> Option<BTreeMap<String, Dedup>> {
+pub(crate) fn spill_candidate(m: &Manifest, now_ms: u64) -> Option<BTreeMap<String, Dedup>> {
     let live: BTreeMap<String, Dedup> = m
         .dedup
         .iter()
@@ -180,7 +180,7 @@ pub fn spill_candidate(m: &Manifest, now_ms: u64) -> Option<BTreeMap<String, Ded
 }
 
 /// Applies `s` if `m` still holds every key of it as spilled. Returns whether it did.
-pub fn spill(m: &mut Manifest, s: &Spill) -> bool {
+pub(crate) fn spill(m: &mut Manifest, s: &Spill) -> bool {
     if !s.keys.iter().all(|(k, d)| m.dedup.get(k) == Some(d)) {
         return false;
     }

@@ -29,20 +29,20 @@ use crate::cache::Weigh;
 use crate::formats::{Magic, Unreadable};
 
 /// Hot segments above which the oldest are folded into an index.
-pub const FOLD_ABOVE: usize = 64;
+pub(crate) const FOLD_ABOVE: usize = 64;
 /// Hot segments a fold leaves in the manifest.
-pub const KEEP_HOT: usize = 16;
+pub(crate) const KEEP_HOT: usize = 16;
 /// Most segments one level-0 index lists.
-pub const MAX_FOLD: usize = 1024;
+pub(crate) const MAX_FOLD: usize = 1024;
 /// Index refs above which the oldest are merged into the next level.
-pub const MERGE_ABOVE: usize = 32;
+pub(crate) const MERGE_ABOVE: usize = 32;
 /// Refs one merged index lists.
-pub const MERGE_FANOUT: usize = 16;
+pub(crate) const MERGE_FANOUT: usize = 16;
 /// Most segments a level-0 index lists after merges (a few hundred KiB).
-pub const MAX_LEAF_SEGMENTS: u64 = 4096;
+pub(crate) const MAX_LEAF_SEGMENTS: u64 = 4096;
 
 /// The format of index objects this code writes (and the only one it reads).
-pub const INDEX_FORMAT: u32 = 1;
+pub(crate) const INDEX_FORMAT: u32 = 1;
 const MAGIC: Magic = Magic {
     kind: b"NIX",
     what: "index object format",
@@ -148,7 +148,7 @@ pub enum Found<'a> {
 
 /// A planned fold: the hot segments `run` (the oldest, in order) become `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fold {
+pub(crate) struct Fold {
     /// The segments folded, exactly as the manifest named them.
     pub run: Vec<SegmentRef>,
     /// The index object listing them.
@@ -157,7 +157,7 @@ pub struct Fold {
 
 /// A planned merge: the index refs `run` (consecutive, one level) become `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Merge {
+pub(crate) struct Merge {
     /// The refs merged, exactly as the manifest named them.
     pub run: Vec<IndexRef>,
     /// The index object listing them.
@@ -165,7 +165,7 @@ pub struct Merge {
 }
 
 /// The hot segments a fold of `m` would take now, if one is due.
-pub fn fold_candidate(m: &Manifest) -> Option<Vec<SegmentRef>> {
+pub(crate) fn fold_candidate(m: &Manifest) -> Option<Vec<SegmentRef>> {
     if m.segments.len() <= FOLD_ABOVE {
         return None;
     }
@@ -175,7 +175,7 @@ pub fn fold_candidate(m: &Manifest) -> Option<Vec<SegmentRef>> {
 
 /// The index refs a merge of `m` would take now, if one is due: the oldest run of
 /// [`MERGE_FANOUT`] consecutive refs of one level.
-pub fn merge_candidate(m: &Manifest) -> Option<Vec<IndexRef>> {
+pub(crate) fn merge_candidate(m: &Manifest) -> Option<Vec<IndexRef>> {
     if m.indexes.len() <= MERGE_ABOVE {
         return None;
     }
@@ -189,7 +189,7 @@ pub fn merge_candidate(m: &Manifest) -> Option<Vec<IndexRef>> {
 }
 
 /// The ref of a level-0 index listing `run`.
-pub fn ref_for_segments(id: String, run: &[SegmentRef]) -> IndexRef {
+pub(crate) fn ref_for_segments(id: String, run: &[SegmentRef]) -> IndexRef {
     IndexRef {
         id,
         level: 0,
@@ -204,14 +204,14 @@ pub fn ref_for_segments(id: String, run: &[SegmentRef]) -> IndexRef {
 /// Whether a merge of `run` becomes one larger level-0 index (listing every segment of
 /// the run, so lookups stay one level deep) rather than an index of the next level: when
 /// the run is of level 0 and lists at most [`MAX_LEAF_SEGMENTS`] segments in all.
-pub fn merges_into_leaf(run: &[IndexRef]) -> bool {
+pub(crate) fn merges_into_leaf(run: &[IndexRef]) -> bool {
     run.iter().all(|r| r.level == 0)
         && run.iter().map(|r| r.segments).sum::<u64>() <= MAX_LEAF_SEGMENTS
 }
 
 /// The ref of the index a merge of `run` writes: level 0 when it
 /// [`merges_into_leaf`], else one level above `run`.
-pub fn ref_for_indexes(id: String, run: &[IndexRef]) -> IndexRef {
+pub(crate) fn ref_for_indexes(id: String, run: &[IndexRef]) -> IndexRef {
     let level = if merges_into_leaf(run) {
         0
     } else {
@@ -230,7 +230,7 @@ pub fn ref_for_indexes(id: String, run: &[IndexRef]) -> IndexRef {
 
 /// Applies `f` if `m`'s hot segments still start with exactly its run. Returns whether
 /// it did.
-pub fn fold(m: &mut Manifest, f: &Fold) -> bool {
+pub(crate) fn fold(m: &mut Manifest, f: &Fold) -> bool {
     if !m.segments.starts_with(&f.run) {
         return false;
     }
@@ -240,7 +240,7 @@ pub fn fold(m: &mut Manifest, f: &Fold) -> bool {
 }
 
 /// Applies `g` if `m` still holds exactly its run of refs. Returns whether it did.
-pub fn merge(m: &mut Manifest, g: &Merge) -> bool {
+pub(crate) fn merge(m: &mut Manifest, g: &Merge) -> bool {
     let Some(first) = g.run.first() else {
         return false;
     };

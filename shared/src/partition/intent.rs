@@ -42,7 +42,7 @@ use super::Manifest;
 /// intents under `segments/`) or a subscription's ledger (intents under the ledger's own
 /// prefix, [`super::subscription`]). Both keep the same three fields, and [`status`] and
 /// [`record`] read and write them the same way.
-pub trait Decides {
+pub(crate) trait Decides {
     /// Every intent id at or below it is decided.
     fn combined_through(&self) -> &str;
     /// The highest id that left [`Decides::decided`].
@@ -78,18 +78,18 @@ impl Decides for Manifest {
 }
 
 /// How many decided intents a manifest remembers.
-pub const DECIDED_KEEP: usize = 96;
+pub(crate) const DECIDED_KEEP: usize = 96;
 
 /// Most messages one lease intent asks for (a consume's `max`).
-pub const MAX_LEASE_ASK: u64 = 100;
+pub(crate) const MAX_LEASE_ASK: u64 = 100;
 
 /// Characters of an intent's unique part that the manifest keeps to know it by.
-pub const KEY_CHARS: usize = 16;
+pub(crate) const KEY_CHARS: usize = 16;
 
 /// What the manifest's `decided` list knows intent `id` by: its time and the last
 /// [`KEY_CHARS`] characters of its unique part (random bits of a UUIDv7), which keeps a
 /// decided entry near 40 bytes.
-pub fn key(id: &str) -> String {
+pub(crate) fn key(id: &str) -> String {
     let mut parts = id.split('-');
     let (time, unique) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let tail = &unique[unique.len().saturating_sub(KEY_CHARS)..];
@@ -296,7 +296,7 @@ impl Outcome {
 /// holds live. Those go the ordinary way, whose refusal writes nothing and is confirmed
 /// with a conditional GET, so an idle poll or a stale handle costs no intent, and no
 /// manifest write that would wake every other process's idle watch.
-pub fn worth_writing(m: &impl Ledger, now: u64, rules: &super::Rules, ask: Ask) -> bool {
+pub(crate) fn worth_writing(m: &impl Ledger, now: u64, rules: &super::Rules, ask: Ask) -> bool {
     match ask {
         Ask::Lease { .. } => {
             m.available_count(now) > 0 && m.in_flight(now) < rules.max_in_flight as usize
@@ -314,7 +314,7 @@ pub fn worth_writing(m: &impl Ledger, now: u64, rules: &super::Rules, ask: Ask) 
 
 /// What a manifest says of an intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     /// Applied, with this outcome.
     Decided(Outcome),
     /// Not applied yet; any commit may apply it.
@@ -326,7 +326,7 @@ pub enum Status {
 }
 
 /// The fate of the intent `id` in `m`.
-pub fn status(m: &impl Decides, id: &str) -> Status {
+pub(crate) fn status(m: &impl Decides, id: &str) -> Status {
     let k = key(id);
     if let Some((_, o)) = m.decided().iter().find(|(i, _)| *i == k) {
         return Status::Decided(o.clone());
@@ -344,7 +344,7 @@ pub fn status(m: &impl Decides, id: &str) -> Status {
 /// The intents of `listed` still pending in `m`, in id order, each once: what a commit
 /// from `m` applies (decided by the state it starts from, so that landing raises
 /// `combined_through` without making a listed intent look passed over).
-pub fn pending<'a>(m: &impl Decides, listed: &'a [Intent]) -> Vec<&'a Intent> {
+pub(crate) fn pending<'a>(m: &impl Decides, listed: &'a [Intent]) -> Vec<&'a Intent> {
     let mut pending: Vec<&Intent> = listed
         .iter()
         .filter(|i| status(m, &i.id) == Status::Pending)
@@ -360,7 +360,7 @@ pub fn pending<'a>(m: &impl Decides, listed: &'a [Intent]) -> Vec<&'a Intent> {
 /// safe: such an intent, if it never landed, is answered 503 (outcome unknown) instead
 /// of being written again, and is never applied. The caller raises `combined_through`
 /// past `id`.
-pub fn record(m: &mut impl Decides, id: &str, outcome: Outcome) {
+pub(crate) fn record(m: &mut impl Decides, id: &str, outcome: Outcome) {
     let (decided, decided_floor) = m.decisions_mut();
     decided.push_back((key(id), outcome));
     while decided.len() > DECIDED_KEEP {

@@ -25,49 +25,44 @@ use super::{Lease, Ledger, Rules};
 
 /// How long a message parked for dead-lettering stays invisible; if the move does not
 /// finish in time it is parked and moved again (the move is idempotent).
-pub const DEAD_LETTER_PARK_MS: u64 = 60_000;
+pub(crate) const DEAD_LETTER_PARK_MS: u64 = 60_000;
 
 /// How far past the frontier a per-key ordered lease looks for a message whose key is
 /// free: the most flow control can hold (in flight and acked ahead) and as many again
 /// of messages waiting behind their keys. Beyond it a hot key blocks the rest (head of
 /// line), as SQS FIFO's message groups do past their window.
-pub const MAX_ORDERED_SCAN: u64 = 30_000;
+pub(crate) const MAX_ORDERED_SCAN: u64 = 30_000;
 
 /// How a message's key takes part in per-key ordering: 0 for a message without a key
 /// (ordered with nothing), else a non-zero CRC-32 of the key (two keys sharing a hash are
 /// ordered together: never out of order, at worst less parallel).
-pub fn key_hash(key: Option<&str>) -> u32 {
+pub(crate) fn key_hash(key: Option<&str>) -> u32 {
     key.map_or(0, |k| crc32fast::hash(k.as_bytes()).max(1))
 }
 
 /// The [`key_hash`] of messages by offset, read from their segments by the committer
 /// (facts: an offset's message never changes). An offset missing here is unknown.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Keys(BTreeMap<u64, u32>);
+pub(crate) struct Keys(BTreeMap<u64, u32>);
 
 impl Keys {
     /// The key hash of `offset`, if known.
-    pub fn get(&self, offset: u64) -> Option<u32> {
+    pub(crate) fn get(&self, offset: u64) -> Option<u32> {
         self.0.get(&offset).copied()
     }
 
     /// Records `offset`'s key hash.
-    pub fn insert(&mut self, offset: u64, hash: u32) {
+    pub(crate) fn insert(&mut self, offset: u64, hash: u32) {
         self.0.insert(offset, hash);
     }
 
     /// How many offsets are known.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
-    /// True when none is.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Forgets offsets below `frontier` (settled: no lease pass crosses them again).
-    pub fn forget_below(&mut self, frontier: u64) {
+    pub(crate) fn forget_below(&mut self, frontier: u64) {
         self.0 = self.0.split_off(&frontier);
     }
 }
@@ -97,7 +92,7 @@ pub struct Leased {
 /// the pass also gathers the keys of the unsettled messages it passed: a message whose
 /// key is among them waits.
 #[derive(Debug, Clone)]
-pub struct Cursor {
+pub(crate) struct Cursor {
     next: u64,
     in_flight: usize,
     ordered: bool,
@@ -112,7 +107,7 @@ pub struct Cursor {
 impl Cursor {
     /// A cursor at the frontier of `m`, counting the leases live at `now`; `ordered` for
     /// a per-key ordered topic.
-    pub fn new(m: &impl Ledger, now: u64, ordered: bool) -> Self {
+    pub(crate) fn new(m: &impl Ledger, now: u64, ordered: bool) -> Self {
         Self {
             next: m.frontier(),
             in_flight: m.in_flight(now),
@@ -174,7 +169,7 @@ impl Cursor {
 /// message always). The lease id is `m.version` (the version this write will have). On a
 /// per-key ordered topic (the cursor's), `keys` answers the keys leases do not record;
 /// the pass stops at the first offset it needs and they do not know ([`Cursor::wants_key`]).
-pub fn lease(
+pub(crate) fn lease(
     m: &mut impl Ledger,
     now: u64,
     rules: &Rules,
@@ -232,7 +227,7 @@ pub fn lease(
 /// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
 /// granted. An idle waiter skips the partition until then (`broker/watch.rs`). On an
 /// ordered topic it needs the `keys` of the messages waiting behind their keys.
-pub fn quiet_until(m: &impl Ledger, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
+pub(crate) fn quiet_until(m: &impl Ledger, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
     let mut probe = Cursor::new(m, now, rules.ordered);
     if probe.pick(m, now, rules, keys).is_some() || probe.wants_key.is_some() {
         // Available, or unknown without reading keys: not quiet.

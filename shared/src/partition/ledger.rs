@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{Delayed, Lease, Manifest};
 
 /// The parts of a ledger a settle changes, borrowed together.
-pub struct LedgerMut<'a> {
+pub(crate) struct LedgerMut<'a> {
     /// The lowest unsettled offset.
     pub frontier: &'a mut u64,
     /// Delivered, unsettled messages by offset.
@@ -22,7 +22,7 @@ pub struct LedgerMut<'a> {
 
 impl LedgerMut<'_> {
     /// Advances the frontier past every contiguous acked offset.
-    pub fn advance_frontier(&mut self) {
+    pub(crate) fn advance_frontier(&mut self) {
         while self.acked_ahead.remove(self.frontier) {
             *self.frontier += 1;
         }
@@ -35,7 +35,7 @@ impl LedgerMut<'_> {
 /// Invariants (every transition keeps them): every offset below `frontier` is settled;
 /// `acked_ahead` holds only offsets in `(frontier, next_offset)`; `leases` only offsets in
 /// `[frontier, next_offset)`, never one also in `acked_ahead`.
-pub trait Ledger {
+pub(crate) trait Ledger {
     /// The lowest unsettled offset.
     fn frontier(&self) -> u64;
     /// Delivered, unsettled messages by offset.

@@ -31,23 +31,23 @@
 //! climbing). One that sorts after it means the caller's view of the topic is stale:
 //! [`Invalid::Superseded`].
 
-pub mod batch;
-pub mod checkpoint;
-pub mod codec;
-pub mod combine;
-pub mod compact;
-pub mod dedup;
-pub mod delay;
-pub mod index;
-pub mod intent;
-pub mod lease;
-pub mod ledger;
-pub mod produce;
-pub mod rebuild;
-pub mod settle;
-pub mod subscription;
+pub(crate) mod batch;
+pub(crate) mod checkpoint;
+pub(crate) mod codec;
+pub(crate) mod combine;
+pub(crate) mod compact;
+pub(crate) mod dedup;
+pub(crate) mod delay;
+pub(crate) mod index;
+pub(crate) mod intent;
+pub(crate) mod lease;
+pub(crate) mod ledger;
+pub(crate) mod produce;
+pub(crate) mod rebuild;
+pub(crate) mod settle;
+pub(crate) mod subscription;
 
-pub use checkpoint::{Checkpoints, CHECKPOINT_EVERY};
+pub(crate) use checkpoint::Checkpoints;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -57,16 +57,16 @@ use serde::{Deserialize, Serialize};
 use crate::cas::{Invalid, Stored};
 use crate::settings::TopicSettings;
 
-pub use dedup::{ChunkRef, Dedup, MAX_DEDUP_KEYS};
-pub use delay::Delayed;
-pub use index::IndexRef;
-pub use lease::{Grant, Leased};
-pub use ledger::Ledger;
-pub use settle::{Refused, Settle};
+pub(crate) use dedup::{ChunkRef, Dedup};
+pub(crate) use delay::Delayed;
+pub(crate) use index::IndexRef;
+pub(crate) use lease::{Grant, Leased};
+pub(crate) use ledger::Ledger;
+pub(crate) use settle::{Refused, Settle};
 
 /// The topic settings the transitions obey, copied out of [`TopicSettings`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// How long a lease lasts.
     pub visibility_timeout_ms: u64,
     /// Live leases at most.
@@ -108,7 +108,7 @@ impl From<&TopicSettings> for Rules {
 /// adds `decided` and `decided_floor` ([`intent`]), and is written only while they hold
 /// something, which only happens at fleet level 3 (docs/upgrades.md): a version that
 /// reads only format 5 then refuses the manifest rather than lose the intents' outcomes.
-pub const MANIFEST_FORMAT: u32 = 6;
+pub(crate) const MANIFEST_FORMAT: u32 = 6;
 
 /// The format written when no message is delayed and no intent decided.
 const FORMAT_WITHOUT_DELAYS: u32 = 4;
@@ -118,14 +118,14 @@ const FORMAT_WITH_DELAYS: u32 = 5;
 
 /// Runs of delayed offsets one partition holds at most: a produce that would need more is
 /// refused (429), which bounds the manifest (docs/design.md §6).
-pub const MAX_DELAYED_RUNS: usize = 1000;
+pub(crate) const MAX_DELAYED_RUNS: usize = 1000;
 
 fn format_1() -> u32 {
     1
 }
 
 /// How many recent write ids a manifest remembers for lost-response recovery.
-pub const RECENT_WRITES: usize = 16;
+pub(crate) const RECENT_WRITES: usize = 16;
 
 /// One immutable segment object and the offsets it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -570,12 +570,12 @@ pub(crate) mod testing {
     use super::*;
 
     /// The intent asking `ask`, written at `t` with unique part `u`.
-    pub fn intent(t: u64, u: &str, ask: Ask) -> Intent {
+    pub(crate) fn intent(t: u64, u: &str, ask: Ask) -> Intent {
         Intent::parse(&Intent::id(t, "", u, ask)).expect("a canonical intent id parses")
     }
 
     /// An ack of `offset` under `lease_id`, as an intent asks it.
-    pub fn ack_ask(offset: u64, lease_id: u64) -> Ask {
+    pub(crate) fn ack_ask(offset: u64, lease_id: u64) -> Ask {
         Ask::Settle {
             offset,
             lease_id,
@@ -584,12 +584,12 @@ pub(crate) mod testing {
     }
 
     /// Default topic rules.
-    pub fn rules() -> Rules {
+    pub(crate) fn rules() -> Rules {
         Rules::from(&TopicSettings::default())
     }
 
     /// A manifest holding offsets `0..n` in one segment produced at time 0.
-    pub fn manifest_with(n: u64) -> Manifest {
+    pub(crate) fn manifest_with(n: u64) -> Manifest {
         let mut m = Manifest::empty("i");
         m.segments.push(SegmentRef {
             id: "s0".into(),
@@ -603,7 +603,7 @@ pub(crate) mod testing {
     }
 
     /// Leases `offsets` with `lease_id` until `deadline_ms`, as delivered once.
-    pub fn leased(m: &mut Manifest, offsets: &[u64], lease_id: u64, deadline_ms: u64) {
+    pub(crate) fn leased(m: &mut Manifest, offsets: &[u64], lease_id: u64, deadline_ms: u64) {
         for &o in offsets {
             m.leases.insert(
                 o,

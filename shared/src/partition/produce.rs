@@ -19,7 +19,7 @@ use crate::segment::StoredMessage;
 
 /// A message to append, with its optional idempotency key.
 #[derive(Debug, Clone)]
-pub struct NewStored {
+pub(crate) struct NewStored {
     /// The message.
     pub message: StoredMessage,
     /// `Idempotency-Key`: a retry with the same key within the window appends nothing.
@@ -30,7 +30,7 @@ pub struct NewStored {
 
 /// Why a produce got no offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unplaced {
+pub(crate) enum Unplaced {
     /// Its segment write was refused, or its fate is unknown: the batch's refusal applies.
     NoSegment,
     /// The partition holds as many delayed runs as it may.
@@ -40,7 +40,7 @@ pub enum Unplaced {
 /// When a message produced at `now` with `delay_ms` becomes deliverable: rounded up to a
 /// step of 2% of the delay (100 ms to 60 s), so that messages produced close together
 /// share one run. Never earlier than asked.
-pub fn delay_due(now: u64, delay_ms: u64) -> u64 {
+pub(crate) fn delay_due(now: u64, delay_ms: u64) -> u64 {
     let step = (delay_ms / 50).clamp(100, 60_000);
     now.saturating_add(delay_ms)
         .div_ceil(step)
@@ -62,14 +62,14 @@ enum Slot {
 
 /// The per-message plan of a batch's produces (one list of slots per produce).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     slots: Vec<Vec<Slot>>,
 }
 
 impl Plan {
     /// Plans `produces` against `m` at `now`. `spilled` answers for keys the manifest
     /// spilled into chunk objects ([`super::dedup`]), which the caller read.
-    pub fn new(
+    pub(crate) fn new(
         produces: &[Vec<NewStored>],
         m: &Manifest,
         now: u64,
@@ -109,7 +109,7 @@ impl Plan {
 
     /// A plan under which no produce can be made (every one is answered with the
     /// batch's refusal): for when the remembered keys could not be read.
-    pub fn refused(produces: &[Vec<NewStored>]) -> Self {
+    pub(crate) fn refused(produces: &[Vec<NewStored>]) -> Self {
         let slots = produces
             .iter()
             .map(|msgs| (0..msgs.len()).map(Slot::New).collect())
@@ -118,7 +118,7 @@ impl Plan {
     }
 
     /// The messages planned as new, in segment order.
-    pub fn new_messages(&self, produces: &[Vec<NewStored>]) -> Vec<StoredMessage> {
+    pub(crate) fn new_messages(&self, produces: &[Vec<NewStored>]) -> Vec<StoredMessage> {
         let mut out = Vec::new();
         for (msgs, slots) in produces.iter().zip(&self.slots) {
             for (m, slot) in msgs.iter().zip(slots) {
@@ -131,7 +131,7 @@ impl Plan {
     }
 
     /// True when some message is new, so a segment is needed.
-    pub fn needs_segment(&self) -> bool {
+    pub(crate) fn needs_segment(&self) -> bool {
         self.slots
             .iter()
             .flatten()
@@ -144,7 +144,7 @@ impl Plan {
 }
 
 /// Places `segment` at the next offsets of `m`; returns its base offset.
-pub fn place(m: &mut Manifest, segment: &SegmentRef) -> u64 {
+pub(crate) fn place(m: &mut Manifest, segment: &SegmentRef) -> u64 {
     let base = m.next_offset;
     let mut r = segment.clone();
     r.base_offset = base;
@@ -157,7 +157,7 @@ pub fn place(m: &mut Manifest, segment: &SegmentRef) -> u64 {
 /// in order) being at `base` (placed by [`place`], or landed by [`super::combine`]); new
 /// idempotency keys are remembered for `dedup_window_ms`, new delayed messages join the
 /// manifest's delayed runs. Returns each produce's offsets, in order, or why it has none.
-pub fn append(
+pub(crate) fn append(
     m: &mut Manifest,
     now: u64,
     dedup_window_ms: u64,

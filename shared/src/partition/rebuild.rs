@@ -37,7 +37,7 @@ pub const VERSION_JUMP: u64 = 1 << 20;
 
 /// What survives of a partition.
 #[derive(Debug, Clone, Default)]
-pub struct Evidence {
+pub(crate) struct Evidence {
     /// The newest readable checkpoint of this incarnation, if any.
     pub checkpoint: Option<Manifest>,
     /// The checkpoint's segments holding an offset at or above its frontier, in offset
@@ -60,7 +60,7 @@ pub struct Evidence {
 impl Evidence {
     /// Adds segment `id`, which the checkpoint does not name, and its messages'
     /// idempotency keys.
-    pub fn add_unnamed(&mut self, id: String, seg: &Segment) {
+    pub(crate) fn add_unnamed(&mut self, id: String, seg: &Segment) {
         let keys: Vec<(u32, String, u64)> = (0u32..)
             .zip(&seg.messages)
             .filter_map(|(i, m)| {
@@ -137,7 +137,11 @@ fn lands_twice(m: &Manifest, s: &SegmentRef, keys: &[(u32, String, u64)]) -> boo
 
 /// The rebuilt manifest of `incarnation` from `ev`, remembering recovered messages'
 /// idempotency keys for `dedup_window_ms` from their produce.
-pub fn rebuild(incarnation: &str, mut ev: Evidence, dedup_window_ms: u64) -> (Manifest, Report) {
+pub(crate) fn rebuild(
+    incarnation: &str,
+    mut ev: Evidence,
+    dedup_window_ms: u64,
+) -> (Manifest, Report) {
     let ckpt = ev
         .checkpoint
         .take()

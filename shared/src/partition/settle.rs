@@ -46,7 +46,7 @@ pub enum Refused {
 /// Acks, extends or nacks the lease `lease_id` on offset `o` at `now`.
 ///
 /// Errors: [`Refused`]; a refused settle leaves `m` unchanged.
-pub fn settle(
+pub(crate) fn settle(
     m: &mut impl Ledger,
     now: u64,
     rules: &Rules,

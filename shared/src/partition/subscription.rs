@@ -31,14 +31,14 @@ use crate::cas::{Invalid, Stored};
 /// The newest subscription state format this build reads and writes: 2 adds
 /// `combined_through`, `decided` and `decided_floor` (intents, fleet level 6), and is
 /// written only while they hold something.
-pub const STATE_FORMAT: u32 = 2;
+pub(crate) const STATE_FORMAT: u32 = 2;
 
 /// The format written while no intent was ever landed in the ledger.
 const FORMAT_WITHOUT_INTENTS: u32 = 1;
 
 /// Which creation of a subscription a state belongs to, and where it starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     /// The subscription's id: changes each time a subscription of its name is created,
     /// and sorts by creation time.
     pub id: String,
@@ -48,7 +48,7 @@ pub struct Origin {
 
 /// One subscription's ledger on one partition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SubscriptionState {
+pub(crate) struct SubscriptionState {
     /// [`STATE_FORMAT`].
     pub format: u32,
     /// Strictly increasing with every write; leases carry the version that granted them.
@@ -98,7 +98,7 @@ impl Decides for SubscriptionState {
 
 impl SubscriptionState {
     /// The state of a subscription nothing has been written to on this partition.
-    pub fn new(origin: &Origin) -> Self {
+    pub(crate) fn new(origin: &Origin) -> Self {
         Self {
             format: STATE_FORMAT,
             version: 0,
@@ -124,7 +124,7 @@ impl SubscriptionState {
     /// Moves the frontier to the log's oldest retained offset when retention removed
     /// messages below it, counting the unsettled ones among them in `lost`; true if it
     /// changed anything.
-    pub fn catch_up(&mut self, log: &Manifest) -> bool {
+    pub(crate) fn catch_up(&mut self, log: &Manifest) -> bool {
         let start = log.start_offset;
         if self.frontier >= start {
             return false;
@@ -140,7 +140,7 @@ impl SubscriptionState {
 
     /// Settles every message of `log` for this subscription: the frontier moves to the
     /// log's next offset and every lease ends. Returns how many were unsettled.
-    pub fn purge(&mut self, log: &Manifest) -> u64 {
+    pub(crate) fn purge(&mut self, log: &Manifest) -> u64 {
         let next = log.next_offset.max(self.frontier);
         let acked = self.acked_ahead.range(..next).count() as u64;
         let purged = (next - self.frontier).saturating_sub(acked);
@@ -151,7 +151,7 @@ impl SubscriptionState {
     }
 
     /// This state as a ledger over `log`, the partition's manifest.
-    pub fn over<'a>(&'a mut self, log: &'a Manifest) -> Subscribed<'a> {
+    pub(crate) fn over<'a>(&'a mut self, log: &'a Manifest) -> Subscribed<'a> {
         Subscribed { state: self, log }
     }
 
@@ -166,7 +166,7 @@ impl SubscriptionState {
 
 /// One operation on a subscription's ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LedgerOp {
+pub(crate) enum LedgerOp {
     /// Lease up to `max` messages, up to `max_bytes` of payload (the first always).
     Lease {
         /// Messages at most.
@@ -190,7 +190,7 @@ pub enum LedgerOp {
 
 /// What one [`LedgerOp`] got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LedgerOutcome {
+pub(crate) enum LedgerOutcome {
     /// A lease request's leases and parked messages.
     Leased(Leased),
     /// A settle's result.
@@ -205,7 +205,7 @@ pub enum LedgerOutcome {
 /// `log` offers nothing available to `state` (a log only grows: an older one offers fewer
 /// messages, never wrong ones); never for acks, extends and nacks (their leases were
 /// granted over a log that held their offsets).
-pub fn needs_newer_log(
+pub(crate) fn needs_newer_log(
     ops: &[LedgerOp],
     state: Option<&SubscriptionState>,
     log: &Manifest,
@@ -252,7 +252,7 @@ pub fn needs_newer_log(
 /// sharing one pass. One outcome per operation, in order; beside them, on a per-key ordered
 /// topic, the first offset whose key the pass needed and `keys` did not hold
 /// ([`Cursor::wants_key`]: the caller reads it and applies again).
-pub fn apply(
+pub(crate) fn apply(
     state: &mut SubscriptionState,
     log: &Manifest,
     now: u64,
@@ -294,7 +294,7 @@ pub fn apply(
 }
 
 /// The operation an intent of a subscription's ledger asks for.
-pub fn op_of(ask: Ask) -> LedgerOp {
+pub(crate) fn op_of(ask: Ask) -> LedgerOp {
     match ask {
         Ask::Settle {
             offset,
@@ -318,7 +318,7 @@ pub fn op_of(ask: Ask) -> LedgerOp {
 /// requests after its own leases. Each one's outcome is recorded ([`intent::record`]) and
 /// `combined_through` rises to the newest, so each lands at most once. Returns the own
 /// operations' outcomes, the key [`apply`] wants, and how many intents landed.
-pub fn apply_landing(
+pub(crate) fn apply_landing(
     state: &mut SubscriptionState,
     log: &Manifest,
     now: u64,
@@ -355,7 +355,7 @@ pub fn apply_landing(
 }
 
 /// A subscription's state read together with the partition's log.
-pub struct Subscribed<'a> {
+pub(crate) struct Subscribed<'a> {
     state: &'a mut SubscriptionState,
     log: &'a Manifest,
 }

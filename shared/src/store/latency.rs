@@ -17,6 +17,14 @@ pub struct LatencyStore {
     delay: Duration,
 }
 
+impl std::fmt::Debug for LatencyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LatencyStore")
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
 impl LatencyStore {
     /// `inner` with `delay` added to every request.
     pub fn new(inner: DynStore, delay: Duration) -> Self {

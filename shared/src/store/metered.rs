@@ -183,6 +183,12 @@ pub struct MeteredStore {
     counts: [[AtomicU64; 5]; 5],
 }
 
+impl std::fmt::Debug for MeteredStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeteredStore").finish_non_exhaustive()
+    }
+}
+
 impl MeteredStore {
     /// Wraps `inner`.
     pub fn new(inner: DynStore) -> Arc<Self> {

@@ -18,7 +18,7 @@ use crate::store::ETag;
 
 /// How long a batch may lease over a log read earlier (new messages are seen as soon as
 /// the known ones run out; this bounds how long retention and compaction go unseen).
-pub const LOG_MAX_AGE: Duration = Duration::from_secs(5);
+pub(super) const LOG_MAX_AGE: Duration = Duration::from_secs(5);
 
 /// Whether a batch must read the log before applying `ops` to `state` (`None`: not read
 /// yet) over `log` (read at `read_at`) at `now_ms`: when

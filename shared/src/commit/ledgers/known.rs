@@ -22,7 +22,7 @@ use crate::topic::Topic;
 /// read or wrote it ([`Committer::peek_ledger`]): another process's nack or release
 /// reaches this process's idle waiters within it, as the longest listing interval
 /// (`idle_poll_max`, 4 s) bounds other news.
-pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
+pub(super) const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
 
 /// How soon a waiting consume looks again at a partition whose knowledge a batch is
 /// renewing ([`Committer::peek_ledger`]).
@@ -30,7 +30,7 @@ const RENEWING_LOOK: Duration = Duration::from_millis(50);
 
 /// One subscription's partition as a batch left it ([`Committer::ledger_summaries`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Figures {
+pub(crate) struct Figures {
     /// Unsettled messages with no live lease and no delay.
     pub available: u64,
     /// Live leases.
@@ -43,7 +43,7 @@ pub struct Figures {
 
 /// What this process last saw of one subscription's partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LedgerSummary {
+pub(crate) struct LedgerSummary {
     /// Topic.
     pub topic: String,
     /// Subscription name.
@@ -121,7 +121,7 @@ impl Committer {
     /// found nothing more to lease, for [`LEDGER_MAX_AGE`] after it ([`Peek::Unknown`]
     /// otherwise; while a batch renews it, a little longer). A batch running meanwhile does
     /// not hide it: waiting consumes that wake together do not each start a batch.
-    pub fn peek_ledger(
+    pub(crate) fn peek_ledger(
         &self,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
@@ -155,7 +155,7 @@ impl Committer {
     /// What this process's ledger queues last saw of every subscription's partitions,
     /// newest topic incarnation and subscription id of each name only; no storage
     /// request.
-    pub fn ledger_summaries(&self) -> Vec<LedgerSummary> {
+    pub(crate) fn ledger_summaries(&self) -> Vec<LedgerSummary> {
         let queues: Vec<(LedgerKey, Arc<LedgerQueue>)> = lock(&self.ledgers.queues)
             .iter()
             .map(|(k, q)| (k.clone(), q.clone()))

@@ -33,7 +33,7 @@ use crate::partition::{Layout, Rules, Settle};
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
 use combine::LedgerAhead;
-pub use known::{Figures, LedgerSummary};
+pub(crate) use known::Figures;
 use known::{Known, Quiet};
 
 /// One rule set per batch: the newest operation's (they differ only across a settings
@@ -154,7 +154,7 @@ impl Committer {
     ///
     /// Errors: [`BrokerError::StaleTopic`] when the topic was created again, storage
     /// failures ([`BrokerError::Contention`], [`BrokerError::Store`]).
-    pub async fn lease_subscription(
+    pub(crate) async fn lease_subscription(
         self: &Arc<Self>,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
@@ -172,7 +172,7 @@ impl Committer {
     ///
     /// Errors: [`BrokerError::LeaseGone`], [`BrokerError::AckedAheadFull`], and as
     /// [`Committer::lease_subscription`], each its own.
-    pub async fn settle_subscription(
+    pub(crate) async fn settle_subscription(
         self: &Arc<Self>,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
@@ -205,7 +205,7 @@ impl Committer {
     /// now is settled for it, every lease ends; answers how many were unsettled.
     ///
     /// Errors: as [`Committer::lease_subscription`].
-    pub async fn purge_subscription(
+    pub(crate) async fn purge_subscription(
         self: &Arc<Self>,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
@@ -223,7 +223,7 @@ impl Committer {
 
     /// Whether the subscription `sub`'s ledger of `partition` has operations queued or a
     /// batch running in this process (consumes arriving now would share its next commit).
-    pub fn ledger_busy(
+    pub(crate) fn ledger_busy(
         &self,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),

@@ -19,7 +19,7 @@ use crate::http::views::{AckedMessages, EntryResult, MessageList, MessageView};
 use crate::http::{ApiError, AppState};
 
 /// Set to `true` on a 204 from a paused topic.
-pub const PAUSED_HEADER: &str = "narad-paused";
+pub(crate) const PAUSED_HEADER: &str = "narad-paused";
 
 /// `GET /v1/topics/{topic}/consume[?wait=10s][&partition=N[&offset=M]][&max=N]
 /// [&subscription=S]`: 200 with one message and its receipt handle, or 204; with

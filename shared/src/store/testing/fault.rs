@@ -71,6 +71,14 @@ pub struct FaultStore {
     pub counts: FaultCounts,
 }
 
+impl std::fmt::Debug for FaultStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultStore")
+            .field("enabled", &self.enabled)
+            .finish_non_exhaustive()
+    }
+}
+
 enum Fault {
     None,
     Before,

@@ -26,6 +26,14 @@ pub struct FreezeStore {
     state: AtomicU8,
 }
 
+impl std::fmt::Debug for FreezeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FreezeStore")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
 impl FreezeStore {
     /// Wraps `inner`, running.
     pub fn new(inner: DynStore) -> Arc<Self> {
