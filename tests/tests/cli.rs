@@ -8,7 +8,9 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use narad_tests::{free_port, narad_binary, Process, PASS, USER};
 use serde_json::Value;

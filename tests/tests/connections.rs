@@ -7,7 +7,9 @@
 //! These tests are about the timeouts and limits themselves, so they set them low.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use base64::Engine;
 use narad_tests::{free_port, narad_binary, test_store_url, Process, PASS, USER};

@@ -22,7 +22,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use narad_shared::store::DynStore;
 use narad_tests::{free_port, serde_urlencoded_pair, test_store_url, Process, PASS, USER};

@@ -6,7 +6,9 @@
 //! refuses to start, and one that learns of it while running stops serving.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use narad_shared::broker::Broker;
 use narad_shared::config::BrokerOptions;
@@ -21,10 +23,7 @@ use serde_json::{json, Value};
 const NEWEST: u32 = narad_shared::formats::Level::NEWEST.0;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock)
 }
 
 /// A process record lifetime short enough to watch renewals (one a second).

@@ -6,7 +6,9 @@
 //! `batch.rs`): start there when a rule changes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use narad_tests::{Options, Server};
 use reqwest::{Method, StatusCode};

@@ -17,7 +17,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use narad_tests::{collect_log, free_port, previous_build, Process, PASS, PREVIOUS_COMMIT, USER};
 use reqwest::StatusCode;

@@ -193,10 +193,7 @@ async fn fresh(s: &Server, clock: TestClock) -> Server {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

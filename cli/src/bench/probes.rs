@@ -3,7 +3,9 @@
 //! fresh process.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use narad_shared::clock::{IdSource, RandomIds};

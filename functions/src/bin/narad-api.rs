@@ -13,7 +13,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use narad_functions::{handle, init_tracing, require_users, FUNCTION_NAME};
 use narad_shared::broker::Broker;

@@ -501,10 +501,7 @@ mod tests {
     #[test]
     fn write_ids_tell_their_time() {
         let id = uuid::Uuid::now_v7().simple().to_string();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
         let t = write_time(&id).unwrap();
         assert!(t <= now && now - t < 5000, "{t} {now}");
         assert_eq!(write_time(&format!("repair-{id}")), Some(t));

@@ -18,7 +18,7 @@
 //!   (`NARAD_LOG=narad_shared::http::trace=debug` is an access log); failures are already
 //!   logged where they are decided.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
