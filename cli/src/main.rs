@@ -246,7 +246,7 @@ async fn serve(
         }
     };
     let broker = Arc::new(open_broker(&cfg).await?);
-    let described = broker.store().describe();
+    let described = broker.store_description();
     let app = http::router(broker.clone(), users, &cfg.http);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await

@@ -43,7 +43,7 @@ async fn run(started: Instant) -> Result<(), String> {
     let broker = Broker::from_config(&cfg)
         .await
         .map_err(|e| format!("cannot start on store {}: {e}", cfg.store))?;
-    let described = broker.store().describe();
+    let described = broker.store_description();
     let app = http::router(Arc::new(broker), users, &cfg.http);
     tracing::info!(
         store = %described,

@@ -14,6 +14,7 @@
 
 pub(crate) mod consume;
 mod dead_letter;
+mod housekeeping;
 mod long_poll;
 mod metrics;
 mod piggyback;
@@ -40,7 +41,6 @@ use crate::clock::{Clock, IdSource};
 use crate::commit::{Caches, Committer};
 use crate::config::{BrokerOptions, Config};
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::compact::Swap;
 use crate::partition::index::Index;
 use crate::receipt::{self, Receipts};
 use crate::segment::SegmentCache;
@@ -51,6 +51,7 @@ use subscriptions::Group;
 pub use crate::partition::settle::Settle;
 pub use crate::topic::Topic;
 pub use consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
+pub use housekeeping::Housekeeping;
 pub use piggyback::AckedConsume;
 pub use produce::{NewMessage, Produced};
 pub use redrive::{Redriven, MAX_REDRIVE};
@@ -188,40 +189,9 @@ impl Broker {
         &self.opts
     }
 
-    /// The store this broker runs on (counting requests).
-    pub fn store(&self) -> &DynStore {
-        &self.store
-    }
-
-    /// The clock the broker runs on.
-    pub fn clock(&self) -> &dyn Clock {
-        &*self.clock
-    }
-
-    /// The id source the broker runs on.
-    pub fn ids(&self) -> &dyn IdSource {
-        &*self.ids
-    }
-
-    /// Commits retention alone on one partition (a commit that leases nothing), as the
-    /// maintenance pass does for idle partitions.
-    ///
-    /// Errors: the commit's failure.
-    pub async fn apply_retention(&self, topic: &Topic, partition: u32) -> BrokerResult<()> {
-        self.committer.lease(topic, partition, (0, 0)).await?;
-        Ok(())
-    }
-
-    /// Commits compaction swaps on one partition; returns how many segments were replaced.
-    ///
-    /// Errors: the commit's failure.
-    pub async fn swap_segments(
-        &self,
-        topic: &Topic,
-        partition: u32,
-        swaps: Vec<Swap>,
-    ) -> BrokerResult<u64> {
-        self.committer.compact(topic, partition, swaps).await
+    /// The store this broker runs on, as `narad serve` prints it.
+    pub fn store_description(&self) -> String {
+        self.store.describe()
     }
 
     /// The partition of `topic`'s sticky cursor of `kind` for the next `take`

@@ -63,30 +63,6 @@ impl Broker {
         Reader::new(&self.store, &self.segments, &self.indexes)
     }
 
-    /// A whole segment, from the cache or the store; `None` if it is gone.
-    ///
-    /// Errors: store failures, [`BrokerError::Corrupt`].
-    pub async fn load_segment(
-        &self,
-        topic: &str,
-        partition: u32,
-        id: &str,
-    ) -> BrokerResult<Option<Arc<Segment>>> {
-        self.reader().segment(topic, partition, id).await
-    }
-
-    /// An index object, from the cache or the store; `None` if it is gone.
-    ///
-    /// Errors: store failures, [`BrokerError::Corrupt`].
-    pub async fn load_index(
-        &self,
-        topic: &str,
-        partition: u32,
-        id: &str,
-    ) -> BrokerResult<Option<Arc<Index>>> {
-        self.reader().index(topic, partition, id).await
-    }
-
     /// The messages at `offsets` (each `None` if retention removed it): their segments
     /// are read at once, each once. For a consume (`read_ahead`) that has to read a
     /// segment anyway, the segments after the last one are read in the same go.

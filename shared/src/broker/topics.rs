@@ -450,7 +450,11 @@ impl Broker {
     /// A partition's manifest as stored now.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`], [`BrokerError::StaleTopic`].
-    pub async fn read_manifest(&self, topic: &Topic, partition: u32) -> BrokerResult<Manifest> {
+    pub(super) async fn read_manifest(
+        &self,
+        topic: &Topic,
+        partition: u32,
+    ) -> BrokerResult<Manifest> {
         let key = topic.manifest_key(partition);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &key, &topic.incarnation);
         Ok(cell.read::<BrokerError>().await?.value)

@@ -4,7 +4,7 @@
 //! ([`crate::partition::compact::swap`]), which applies it only where the manifest still
 //! holds exactly the run that was copied.
 
-use super::Broker;
+use crate::broker::Housekeeping;
 use crate::error::BrokerResult;
 use crate::keys;
 use crate::partition::compact::Swap;
@@ -47,7 +47,7 @@ fn plan_runs(segments: &[SegmentRef]) -> Vec<Vec<SegmentRef>> {
 /// Writes the merged segment of `run`; `None` if one of its segments is already gone
 /// (retention raced us).
 async fn merge(
-    broker: &Broker,
+    broker: Housekeeping<'_>,
     topic: &Topic,
     partition: u32,
     run: Vec<SegmentRef>,
@@ -82,7 +82,7 @@ async fn merge(
 /// Merges runs of small adjacent segments of one partition; returns how many segments
 /// were replaced.
 pub(super) async fn compact(
-    broker: &Broker,
+    broker: Housekeeping<'_>,
     topic: &Topic,
     partition: u32,
     segments: &[SegmentRef],

@@ -1,6 +1,7 @@
 //! Garbage collection and maintenance: `narad gc`, and the scheduled maintenance function.
-//! It uses only the broker's public API: every manifest change (retention, compaction
-//! swaps) is committed by the broker's committer like any other write.
+//! It works through the broker's narrow maintenance handle
+//! ([`Housekeeping`]): every manifest change (retention, compaction swaps) is committed by
+//! the broker's committer like any other write.
 //!
 //! One pass over the store:
 //!
@@ -42,7 +43,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::broker::{Broker, Topic};
+use crate::broker::{Broker, Housekeeping, Topic};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::index::Entries;
@@ -99,6 +100,7 @@ struct Pass {
 ///
 /// Errors: store failures; a pass can be re-run at any time.
 pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult<GcReport> {
+    let broker = broker.housekeeping();
     // A process stopped by a newer build maintains nothing.
     broker.gate().check()?;
     let pass = Pass { grace, dry_run };
@@ -158,7 +160,7 @@ pub async fn gc(broker: &Broker, grace: Duration, dry_run: bool) -> BrokerResult
 ///
 /// Errors: the store's.
 async fn subscription_objects(
-    broker: &Broker,
+    broker: Housekeeping<'_>,
     pass: Pass,
     (topic, objects): (&Topic, &[&str]),
     report: &mut GcReport,
@@ -201,7 +203,7 @@ fn skip_newer(object: &str, newer: &crate::cas::Newer, report: &mut GcReport) {
 /// Retention, orphans, old checkpoints and compaction of one partition; `objects` are the
 /// topic's keys. The manifest is read before anything is written.
 async fn partition(
-    broker: &Broker,
+    broker: Housekeeping<'_>,
     pass: Pass,
     topic: &Topic,
     p: u32,
@@ -274,7 +276,7 @@ async fn partition(
 /// objects; `None` if one of those index objects is missing (then nothing may be taken
 /// for an orphan).
 async fn named(
-    broker: &Broker,
+    broker: Housekeeping<'_>,
     topic: &Topic,
     p: u32,
     m: &Manifest,

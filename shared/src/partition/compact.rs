@@ -7,7 +7,7 @@ use super::{Manifest, SegmentRef};
 
 /// One merged segment and the run of segments it replaces.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Swap {
+pub(crate) struct Swap {
     /// The segments copied, in order, exactly as the manifest named them.
     pub run: Vec<SegmentRef>,
     /// The merged segment (its `base_offset` is the run's).

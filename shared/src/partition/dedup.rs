@@ -34,7 +34,7 @@ const MAGIC: Magic = Magic {
 
 /// A remembered key: the offset its first produce got, until `expires_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dedup {
+pub(crate) struct Dedup {
     /// Offset the first produce with this key got.
     pub offset: u64,
     /// Wall-clock ms after which the key is forgotten.
@@ -43,7 +43,7 @@ pub struct Dedup {
 
 /// A chunk object of spilled keys, as the manifest names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkRef {
+pub(crate) struct ChunkRef {
     /// Chunk object id (time-sortable, like a segment's).
     pub id: String,
     /// Keys in it.
@@ -110,13 +110,13 @@ fn live(d: Option<&Dedup>, now_ms: u64) -> Option<u64> {
 impl Manifest {
     /// The offset a produce with idempotency key `key` got, if the manifest itself still
     /// remembers it at `now_ms` (chunks are looked up by the caller, [`Chunk::lookup`]).
-    pub fn dedup_lookup(&self, key: &str, now_ms: u64) -> Option<u64> {
+    pub(crate) fn dedup_lookup(&self, key: &str, now_ms: u64) -> Option<u64> {
         live(self.dedup.get(&key_hash(key)), now_ms)
     }
 
     /// Remembers `key` → `offset` until `expires_ms`, forgetting expired keys and keeping
     /// the total within [`MAX_DEDUP_KEYS`] (see the module documentation).
-    pub fn dedup_insert(&mut self, key: &str, offset: u64, expires_ms: u64, now_ms: u64) {
+    pub(crate) fn dedup_insert(&mut self, key: &str, offset: u64, expires_ms: u64, now_ms: u64) {
         self.dedup.retain(|_, d| d.expires_ms > now_ms);
         self.dedup
             .insert(key_hash(key), Dedup { offset, expires_ms });
@@ -150,7 +150,7 @@ impl Manifest {
     }
 
     /// Chunks that may still hold live keys at `now_ms`, newest first.
-    pub fn live_chunks(&self, now_ms: u64) -> impl Iterator<Item = &ChunkRef> {
+    pub(crate) fn live_chunks(&self, now_ms: u64) -> impl Iterator<Item = &ChunkRef> {
         self.dedup_chunks
             .iter()
             .rev()
@@ -159,7 +159,7 @@ impl Manifest {
 
     /// Drops chunks whose keys have all expired at `now_ms`; returns them (their objects
     /// are deleted after the commit lands).
-    pub fn expire_chunks(&mut self, now_ms: u64) -> Vec<ChunkRef> {
+    pub(crate) fn expire_chunks(&mut self, now_ms: u64) -> Vec<ChunkRef> {
         let (keep, gone) = std::mem::take(&mut self.dedup_chunks)
             .into_iter()
             .partition(|c| c.newest_expiry_ms > now_ms);

@@ -51,7 +51,7 @@ const MAGIC: Magic = Magic {
 
 /// One index object, as the manifest (or a higher-level index) names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IndexRef {
+pub(crate) struct IndexRef {
     /// Index object id (the last part of its key; a time-sortable id like a segment's).
     pub id: String,
     /// 0: lists segments; n > 0: lists index refs of level n - 1.
@@ -70,14 +70,14 @@ pub struct IndexRef {
 
 impl IndexRef {
     /// True if `offset` is one this index covers.
-    pub fn covers(&self, offset: u64) -> bool {
+    pub(crate) fn covers(&self, offset: u64) -> bool {
         self.base_offset <= offset && offset < self.end_offset
     }
 }
 
 /// What an index object lists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Entries {
+pub(crate) enum Entries {
     /// Level 0: segments in offset order.
     Segments(Vec<SegmentRef>),
     /// Level n > 0: index refs of level n - 1 in offset order.
@@ -86,7 +86,7 @@ pub enum Entries {
 
 /// A decoded index object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Index {
+pub(crate) struct Index {
     /// [`INDEX_FORMAT`].
     pub format: u32,
     /// What it lists.
@@ -97,19 +97,19 @@ impl Index {
     /// The bytes to store ([`codec::seal`]).
     ///
     /// Errors: a description of why it cannot be encoded (a bug).
-    pub fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
+    pub(crate) fn encode(&self) -> Result<Bytes, crate::cas::EncodeError> {
         codec::seal(&MAGIC, self)
     }
 
     /// Decodes stored bytes, checking the magic, the checksum and the format.
     ///
     /// Errors: [`Unreadable`]: damaged, or written by a newer build.
-    pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
+    pub(crate) fn decode(data: &[u8]) -> Result<Self, Unreadable> {
         codec::open(&MAGIC, ("index format", INDEX_FORMAT), data)
     }
 
     /// The entry holding `offset`: a segment (level 0) or a lower index.
-    pub fn find(&self, offset: u64) -> Option<Found<'_>> {
+    pub(crate) fn find(&self, offset: u64) -> Option<Found<'_>> {
         match &self.entries {
             Entries::Segments(s) => {
                 let i = s
@@ -139,7 +139,7 @@ impl Weigh for Index {
 
 /// Where an offset was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Found<'a> {
+pub(crate) enum Found<'a> {
     /// In this segment.
     Segment(&'a SegmentRef),
     /// Under this index.

@@ -215,7 +215,7 @@ impl Intent {
 
 /// What a landed intent got, as the manifest records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The settle took effect.
     #[serde(rename = "ok")]
     Done,
@@ -240,7 +240,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The outcome of a settle.
-    pub fn settled(r: Result<(), Refused>) -> Self {
+    pub(crate) fn settled(r: Result<(), Refused>) -> Self {
         match r {
             Ok(()) => Self::Done,
             Err(Refused::LeaseGone) => Self::Gone,
@@ -249,7 +249,7 @@ impl Outcome {
     }
 
     /// The outcome of a lease request granted by the write of `version`.
-    pub fn leased(version: u64, got: &Leased) -> Self {
+    pub(crate) fn leased(version: u64, got: &Leased) -> Self {
         let pairs = |g: &[Grant]| g.iter().map(|g| (g.offset, g.delivery_count)).collect();
         Self::Leased {
             v: version,
@@ -259,7 +259,7 @@ impl Outcome {
     }
 
     /// A settle's result, as the settle itself answered it; `None` for a lease outcome.
-    pub fn settle_result(&self) -> Option<Result<(), Refused>> {
+    pub(crate) fn settle_result(&self) -> Option<Result<(), Refused>> {
         match self {
             Self::Done => Some(Ok(())),
             Self::Gone => Some(Err(Refused::LeaseGone)),
@@ -269,7 +269,7 @@ impl Outcome {
     }
 
     /// A lease request's grants; `None` for a settle outcome.
-    pub fn lease_result(&self) -> Option<Leased> {
+    pub(crate) fn lease_result(&self) -> Option<Leased> {
         let Self::Leased { v, g, d } = self else {
             return None;
         };

@@ -69,7 +69,7 @@ impl Keys {
 
 /// A lease granted by a commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// Offset leased.
     pub offset: u64,
     /// Lease id (the version of the commit that granted it).
@@ -80,7 +80,7 @@ pub struct Grant {
 
 /// What one lease request got.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Leased {
+pub(crate) struct Leased {
     /// Messages for the consumer.
     pub grants: Vec<Grant>,
     /// Messages parked for the dead-letter topic.

@@ -144,7 +144,7 @@ pub struct SegmentRef {
 
 /// Delivery state of an unsettled message that has been delivered at least once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
+pub(crate) struct Lease {
     /// The manifest version that granted the current lease; receipt handles carry it.
     pub lease_id: u64,
     /// Wall-clock ms until which the lease is live; at or after it the message is available.
@@ -159,7 +159,7 @@ pub struct Lease {
 
 /// A partition's whole mutable state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     /// [`MANIFEST_FORMAT`] (1 when absent: written before formats were numbered).
     #[serde(default = "format_1")]
     pub format: u32,
@@ -221,12 +221,12 @@ impl Manifest {
     /// nothing was written to and for a deleted topic's leftover read as empty: a write
     /// from such a state creates the incarnation's manifest (the one kind of commit that
     /// must confirm the topic record first, docs/design.md §6).
-    pub fn stored(&self) -> bool {
+    pub(crate) fn stored(&self) -> bool {
         !self.recent_writes.is_empty()
     }
 
     /// The state of a partition nothing has been written to.
-    pub fn empty(incarnation: &str) -> Self {
+    pub(crate) fn empty(incarnation: &str) -> Self {
         Self {
             format: MANIFEST_FORMAT,
             version: 0,
@@ -253,13 +253,13 @@ impl Manifest {
 
     /// Marks this write, at `now_ms`, to leave a checkpoint when one is due
     /// ([`Checkpoints::mark`]); true if it does.
-    pub fn mark_checkpoint(&mut self, now_ms: u64, retention_ms: u64) -> bool {
+    pub(crate) fn mark_checkpoint(&mut self, now_ms: u64, retention_ms: u64) -> bool {
         self.checkpoint.mark(self.version, now_ms, retention_ms)
     }
 
     /// When this state was marked to leave a checkpoint of itself: `Some(v)`, where `v`
     /// (0: none) is the checkpoint version to delete once it is written.
-    pub fn wants_checkpoint(&self) -> Option<u64> {
+    pub(crate) fn wants_checkpoint(&self) -> Option<u64> {
         self.checkpoint.wanted(self.version)
     }
 
@@ -267,7 +267,7 @@ impl Manifest {
     /// ([`Stored::decode`] takes an older incarnation's manifest for an empty one).
     ///
     /// Errors: [`crate::cas::Newer`] when a newer build wrote it.
-    pub fn decode_exact(
+    pub(crate) fn decode_exact(
         data: &[u8],
         incarnation: &str,
     ) -> Result<Option<Manifest>, crate::cas::Newer> {
@@ -285,18 +285,19 @@ impl Manifest {
     }
 
     /// Leases still live at `now_ms` ([`Ledger::in_flight`]).
-    pub fn in_flight(&self, now_ms: u64) -> usize {
+    pub(crate) fn in_flight(&self, now_ms: u64) -> usize {
         Ledger::in_flight(self, now_ms)
     }
 
+    #[cfg(test)]
     /// True when `offset` exists, is unsettled, has no live lease and is not delayed at
     /// `now_ms` ([`Ledger::is_available`]).
-    pub fn is_available(&self, offset: u64, now_ms: u64) -> bool {
+    pub(crate) fn is_available(&self, offset: u64, now_ms: u64) -> bool {
         Ledger::is_available(self, offset, now_ms)
     }
 
     /// Where the retained offset `offset` is described: a hot segment, or an index.
-    pub fn locate(&self, offset: u64) -> Option<Located<'_>> {
+    pub(crate) fn locate(&self, offset: u64) -> Option<Located<'_>> {
         locate(
             (self.start_offset, self.next_offset),
             &self.indexes,
@@ -307,7 +308,7 @@ impl Manifest {
 
     /// The average payload size of the segment (or index) holding `offset`: what leasing
     /// it is expected to add to a response; 0 when it is not retained.
-    pub fn message_bytes_estimate(&self, offset: u64) -> u64 {
+    pub(crate) fn message_bytes_estimate(&self, offset: u64) -> u64 {
         match self.locate(offset) {
             Some(Located::Hot(s)) => s.bytes.div_ceil(u64::from(s.count.max(1))),
             Some(Located::Indexed(r)) => r
@@ -317,13 +318,14 @@ impl Manifest {
         }
     }
 
+    #[cfg(test)]
     /// The hot segment holding `offset`, if any.
-    pub fn segment_for(&self, offset: u64) -> Option<&SegmentRef> {
+    pub(crate) fn segment_for(&self, offset: u64) -> Option<&SegmentRef> {
         hot_segment(&self.segments, offset)
     }
 
     /// Where this state's retained offsets are.
-    pub fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         Layout {
             start_offset: self.start_offset,
             next_offset: self.next_offset,
@@ -333,37 +335,37 @@ impl Manifest {
     }
 
     /// Retained segment objects, hot and indexed.
-    pub fn retained_segments(&self) -> u64 {
+    pub(crate) fn retained_segments(&self) -> u64 {
         self.segments.len() as u64 + self.indexes.iter().map(|r| r.segments).sum::<u64>()
     }
 
     /// Retained payload bytes, hot and indexed.
-    pub fn retained_bytes(&self) -> u64 {
+    pub(crate) fn retained_bytes(&self) -> u64 {
         let hot: u64 = self.segments.iter().map(|s| s.bytes).sum();
         hot + self.indexes.iter().map(|r| r.bytes).sum::<u64>()
     }
 
     /// Advances the frontier past every contiguous acked offset.
-    pub fn advance_frontier(&mut self) {
+    pub(crate) fn advance_frontier(&mut self) {
         self.parts_mut().advance_frontier();
     }
 
     /// The hot segment holding `offset`, if it is one of the manifest's own (not behind
     /// an index object).
-    pub fn hot_segment_of(&self, offset: u64) -> Option<&SegmentRef> {
+    pub(crate) fn hot_segment_of(&self, offset: u64) -> Option<&SegmentRef> {
         hot_segment(&self.segments, offset)
     }
 
     /// Removes every retained message, available, in flight or acked ahead (a purge):
     /// the partition then starts at `next_offset`, and every outstanding lease is gone.
-    pub fn purge(&mut self) -> Dropped {
+    pub(crate) fn purge(&mut self) -> Dropped {
         // Retention with a cutoff later than any produce time drops everything.
         self.apply_retention(u64::MAX, 0)
     }
 
     /// Whether [`Manifest::apply_retention`] would drop anything (without the copy a
     /// trial run on a clone costs).
-    pub fn retention_drops(&self, now_ms: u64, retention_ms: u64) -> bool {
+    pub(crate) fn retention_drops(&self, now_ms: u64, retention_ms: u64) -> bool {
         let cutoff = now_ms.saturating_sub(retention_ms);
         match self.indexes.first() {
             Some(oldest) => oldest.last_produced_ms < cutoff,
@@ -378,7 +380,7 @@ impl Manifest {
     /// `retention_ms` at `now_ms` (a prefix: everything before the first one still
     /// retained), with every lease and ack below the new start. Returns what was dropped;
     /// the caller deletes the objects after the write commits.
-    pub fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Dropped {
+    pub(crate) fn apply_retention(&mut self, now_ms: u64, retention_ms: u64) -> Dropped {
         let cutoff = now_ms.saturating_sub(retention_ms);
         let kept_index = self
             .indexes
@@ -422,7 +424,7 @@ impl Manifest {
 /// index objects are immutable, so a layout stays right for every offset it covers until
 /// retention removes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Oldest retained offset.
     pub start_offset: u64,
     /// One past the newest offset.
@@ -435,7 +437,7 @@ pub struct Layout {
 
 impl Layout {
     /// As [`Manifest::locate`].
-    pub fn locate(&self, offset: u64) -> Option<Located<'_>> {
+    pub(crate) fn locate(&self, offset: u64) -> Option<Located<'_>> {
         locate(
             (self.start_offset, self.next_offset),
             &self.indexes,
@@ -445,7 +447,7 @@ impl Layout {
     }
 
     /// Up to `n` hot segments after the one holding `offset` (for read-ahead).
-    pub fn hot_after(&self, offset: u64, n: usize) -> &[SegmentRef] {
+    pub(crate) fn hot_after(&self, offset: u64, n: usize) -> &[SegmentRef] {
         let i = self.segments.partition_point(|s| s.base_offset <= offset);
         let end = (i + n).min(self.segments.len());
         &self.segments[i.min(end)..end]
@@ -479,7 +481,7 @@ fn locate<'a>(
 
 /// Where a retained offset is described ([`Manifest::locate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Located<'a> {
+pub(crate) enum Located<'a> {
     /// In this hot segment.
     Hot(&'a SegmentRef),
     /// Under this index object.
@@ -488,7 +490,7 @@ pub enum Located<'a> {
 
 /// What retention removed from a manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     /// Hot segments.
     pub segments: Vec<SegmentRef>,
     /// Index objects, with everything under them.
