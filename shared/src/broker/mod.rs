@@ -14,6 +14,7 @@
 
 pub(crate) mod consume;
 mod dead_letter;
+mod fan_out;
 mod housekeeping;
 mod long_poll;
 mod metrics;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
-use tracing::Instrument;
 
+use super::fan_out::Slots;
 use super::sticky::Kind;
 use super::subscriptions::Group;
 use super::{check_partition, partition_for_key, Broker};
@@ -99,7 +99,7 @@ impl Broker {
         &self,
         topic: &Topic,
         messages: &[NewMessage],
-        results: &mut [Option<BrokerResult<Produced>>],
+        results: &mut Slots<Produced>,
     ) -> BrokerResult<BTreeMap<u32, Vec<usize>>> {
         let n = topic.settings.partitions;
         let loose = messages
@@ -126,7 +126,7 @@ impl Broker {
                 Ok(p) => by_partition.entry(p).or_default().push(i),
                 // Cached settings may predate a re-creation: the batch is checked again.
                 Err(BrokerError::StaleTopic) => return Err(BrokerError::StaleTopic),
-                Err(e) => results[i] = Some(Err(e)),
+                Err(e) => results.set(i, Err(e)),
             }
         }
         Ok(by_partition)
@@ -134,10 +134,9 @@ impl Broker {
 
     async fn produce_on(&self, topic: &Topic, messages: &[NewMessage]) -> BrokerResult<Results> {
         let now = self.clock.now_ms();
-        let mut results: Vec<Option<BrokerResult<Produced>>> = vec![None; messages.len()];
+        let mut results = Slots::new(messages.len());
         let by_partition = self.route(topic, messages, &mut results)?;
-        let mut tasks = tokio::task::JoinSet::new();
-        for (p, idx) in by_partition {
+        let submit = |p: u32, idx: &[usize]| {
             let stored: Vec<NewStored> = idx
                 .iter()
                 .map(|&i| NewStored {
@@ -151,41 +150,27 @@ impl Broker {
                     delay_ms: messages[i].delay_ms,
                 })
                 .collect();
-            let (committer, topic) = (self.committer.clone(), topic.clone());
-            // In the request's span, so the commit that carries it is named in its log lines.
-            let task = async move { (p, idx, committer.produce(&topic, p, stored).await) };
-            tasks.spawn(task.in_current_span());
-        }
-        let mut stale = false;
-        while let Some(joined) = tasks.join_next().await {
-            let (p, idx, outcome) =
-                joined.map_err(|e| BrokerError::Internal(format!("produce task: {e}")))?;
-            match outcome {
-                Ok(offsets) => {
-                    for (offset, i) in offsets.into_iter().zip(idx) {
-                        results[i] = Some(Ok(Produced {
-                            partition: p,
-                            offset,
-                        }));
-                    }
-                }
-                Err(e) => {
-                    stale |= matches!(e, BrokerError::StaleTopic);
-                    for i in idx {
-                        results[i] = Some(Err(e.clone()));
-                    }
+            let n = idx.len();
+            async move {
+                match self.committer.produce(topic, p, stored).await {
+                    Ok(offsets) => offsets
+                        .into_iter()
+                        .map(|offset| {
+                            Ok(Produced {
+                                partition: p,
+                                offset,
+                            })
+                        })
+                        .collect(),
+                    Err(e) => vec![Err(e); n],
                 }
             }
-        }
+        };
+        results.fan_out(by_partition, submit).await;
         // Nothing of a stale batch was committed; the caller retries it whole.
-        if stale && results.iter().all(|r| !matches!(r, Some(Ok(_)))) {
+        if results.any_err(|e| matches!(e, BrokerError::StaleTopic)) && !results.any_ok() {
             return Err(BrokerError::StaleTopic);
         }
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(BrokerError::Internal("a message got no result".into())))
-            })
-            .collect())
+        Ok(results.finish("a message"))
     }
 }

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fan_out::Slots;
 use super::subscriptions::Group;
 use super::{Broker, Settle};
 use crate::error::{BrokerError, BrokerResult};
@@ -89,12 +90,13 @@ impl Broker {
         topic: &Topic,
         claims: &[(BrokerResult<Claims>, Settle)],
     ) -> BrokerResult<Vec<BrokerResult<()>>> {
-        let mut results: Vec<Option<BrokerResult<()>>> = vec![None; claims.len()];
+        let mut results = Slots::new(claims.len());
         let tag = incarnation_tag(&topic.incarnation);
         // Per subscription (`None`: the default one) and partition, the entries settled
-        // there: (index, (offset, lease id, action)).
+        // there, and what each settles.
         type Place = (Option<String>, u32);
-        let mut per: BTreeMap<Place, Vec<(usize, SettleAt)>> = BTreeMap::new();
+        let mut per: BTreeMap<Place, Vec<usize>> = BTreeMap::new();
+        let mut settle_at: Vec<SettleAt> = vec![(0, 0, Settle::Ack); claims.len()];
         for (i, (c, action)) in claims.iter().enumerate() {
             let known_sub = c
                 .as_ref()
@@ -106,7 +108,7 @@ impl Broker {
                         .is_some_and(|rec| incarnation_tag(&rec.id) == s.tag)
                 });
             match c {
-                Err(e) => results[i] = Some(Err(e.clone())),
+                Err(e) => results.set(i, Err(e.clone())),
                 // Granted in another incarnation of the topic (deleted and created again),
                 // or of a subscription.
                 Ok(c)
@@ -117,40 +119,30 @@ impl Broker {
                     if topic.from_cache {
                         return Err(BrokerError::StaleTopic);
                     }
-                    results[i] = Some(Err(BrokerError::LeaseGone))
+                    results.set(i, Err(BrokerError::LeaseGone));
                 }
-                Ok(c) => per
-                    .entry((c.subscription.as_ref().map(|s| s.name.clone()), c.partition))
-                    .or_default()
-                    .push((i, (c.offset, c.lease_id, *action))),
+                Ok(c) => {
+                    settle_at[i] = (c.offset, c.lease_id, *action);
+                    per.entry((c.subscription.as_ref().map(|s| s.name.clone()), c.partition))
+                        .or_default()
+                        .push(i);
+                }
             }
         }
-        let mut tasks = Vec::with_capacity(per.len());
-        for ((sub, p), entries) in per {
-            let task = async move {
-                let settles: Vec<(u64, u64, Settle)> = entries.iter().map(|(_, s)| *s).collect();
-                let done = match Group::of(topic, sub.as_deref()) {
+        let submit = |(sub, p): Place, entries: &[usize]| {
+            let settles: Vec<SettleAt> = entries.iter().map(|&i| settle_at[i]).collect();
+            async move {
+                match Group::of(topic, sub.as_deref()) {
                     Ok(group) => self.settle_in(topic, group, p, &settles).await,
                     Err(_) => vec![Err(BrokerError::LeaseGone); settles.len()],
-                };
-                (entries, done)
-            };
-            tasks.push(task);
-        }
-        for (entries, done) in futures::future::join_all(tasks).await {
-            for ((i, _), r) in entries.into_iter().zip(done) {
-                if matches!(r, Err(BrokerError::StaleTopic)) {
-                    return Err(BrokerError::StaleTopic);
                 }
-                results[i] = Some(r);
             }
+        };
+        results.fan_out(per, submit).await;
+        if results.any_err(|e| matches!(e, BrokerError::StaleTopic)) {
+            return Err(BrokerError::StaleTopic);
         }
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(BrokerError::Internal("a handle got no result".into())))
-            })
-            .collect())
+        Ok(results.finish("a handle"))
     }
 
     /// Cancels the retained message at `offset` of `partition`: settles it for the
