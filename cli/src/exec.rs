@@ -70,9 +70,8 @@ impl Exec {
                 .get_subscription(&self.topic, s)
                 .await
                 .map_err(|e| e.to_string())?
-                .effective["visibility_timeout_ms"]
-                .as_u64()
-                .map(Duration::from_millis),
+                .effective
+                .visibility_timeout(),
         }
         .unwrap_or(Duration::from_secs(30));
         let heartbeat = (timeout / 3).max(Duration::from_millis(100));

@@ -261,11 +261,11 @@ pub(crate) async fn subscriptions(cmd: SubscriptionsCmd, conn: Conn) -> Result<(
                 Some(s) => parse_json(&s)?,
                 None => Value::Object(Default::default()),
             };
-            let (_, s) = c
+            let s = c
                 .create_subscription(&topic, &name, &settings)
                 .await
                 .map_err(e)?;
-            print_json(&s)?;
+            print_json(&s.value)?;
         }
         SubscriptionsCmd::Patch {
             topic,
@@ -304,11 +304,11 @@ pub(crate) async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
         TopicsCmd::Get { topic } => print_json(&c.get_topic(&topic).await.map_err(e)?)?,
         TopicsCmd::Create { topic, settings } => {
             let s = parse_json(settings.as_deref().unwrap_or("{}"))?;
-            let (created, t) = c.create_topic(&topic, &s).await.map_err(e)?;
-            if !created {
+            let done = c.create_topic(&topic, &s).await.map_err(e)?;
+            if !done.created {
                 eprintln!("narad: {topic} already existed with these settings");
             }
-            print_json(&t)?;
+            print_json(&done.value)?;
         }
         TopicsCmd::Patch { topic, settings } => print_json(
             &c.patch_topic(&topic, &parse_json(&settings)?)
@@ -515,9 +515,7 @@ pub(crate) async fn replay(a: ReplayArgs) -> Result<(), String> {
             Err(e) if e.is_gone() => {
                 // Retention removed it: go on from the oldest retained offset.
                 let t = c.get_topic(&a.topic).await.map_err(|e| e.to_string())?;
-                let start = t
-                    .partition_field(a.partition, "start_offset")
-                    .unwrap_or(offset);
+                let start = t.partition(a.partition).map_or(offset, |s| s.start_offset);
                 eprintln!("narad: offsets {offset}..{start} expired; going on from {start}");
                 if start <= offset {
                     return Err(format!("offset {offset} expired and nothing follows it"));

@@ -82,31 +82,111 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub struct Topic {
     /// Name.
     pub name: String,
-    /// Settings (`partitions`, `visibility_timeout_ms`, …) as the server sent them.
-    pub settings: Value,
+    /// Its settings.
+    pub settings: Settings,
     /// Creation time, RFC 3339.
     pub created_at: String,
     /// Per-partition state (on `get_topic` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub partitions: Option<Vec<Value>>,
+    pub partitions: Option<Vec<PartitionState>>,
 }
 
 impl Topic {
     /// The visibility timeout, when the settings carry it.
     pub fn visibility_timeout(&self) -> Option<Duration> {
-        self.settings["visibility_timeout_ms"]
-            .as_u64()
-            .map(Duration::from_millis)
+        self.settings.visibility_timeout()
     }
 
-    /// Partition `p`'s `field` (`start_offset`, `frontier`, …), from `get_topic`.
-    pub fn partition_field(&self, p: u32, field: &str) -> Option<u64> {
-        self.partitions
-            .as_ref()?
-            .iter()
-            .find(|s| s["partition"].as_u64() == Some(u64::from(p)))?[field]
-            .as_u64()
+    /// Partition `p`'s state, from `get_topic`.
+    pub fn partition(&self, p: u32) -> Option<&PartitionState> {
+        self.partitions.as_ref()?.iter().find(|s| s.partition == p)
     }
+}
+
+/// Settings as the server shows them: a topic's (every field), a subscription's own
+/// (those it sets) or the ones it obeys (`effective`). Each field is optional, and
+/// fields a newer server sends that this client does not know are kept in `other`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Partitions (a topic's, fixed at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    /// How long a consumed message stays invisible to others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout_ms: Option<u64>,
+    /// Leases in flight per partition before consume answers 204.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_per_partition: Option<u32>,
+    /// Out-of-order acks held above the frontier before acks answer 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_acked_ahead_per_partition: Option<u32>,
+    /// Messages older than this are deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
+    /// How long a produce's `Idempotency-Key` is remembered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_ms: Option<u64>,
+    /// Deliveries before a message moves to the dead-letter topic; 0: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_deliveries: Option<u32>,
+    /// Where messages go after `max_deliveries` deliveries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_topic: Option<String>,
+    /// While true, consume delivers nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// Delivery order within a partition: `none` or `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<String>,
+    /// Fields this client does not know, as the server sent them.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+impl Settings {
+    /// The visibility timeout, when these settings carry it.
+    pub fn visibility_timeout(&self) -> Option<Duration> {
+        self.visibility_timeout_ms.map(Duration::from_millis)
+    }
+}
+
+/// One partition's state, as `get_topic` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PartitionState {
+    /// Partition.
+    pub partition: u32,
+    /// Lowest retained offset.
+    pub start_offset: u64,
+    /// Lowest unsettled offset.
+    pub frontier: u64,
+    /// Offset the next message gets.
+    pub next_offset: u64,
+    /// Unsettled messages with no live lease and no delay (the backlog).
+    pub available: u64,
+    /// Live leases.
+    pub in_flight: u64,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: u64,
+    /// Unsettled messages whose delay is not over.
+    pub delayed: u64,
+    /// Segments the manifest names.
+    pub segments: u64,
+    /// Payload bytes retained.
+    pub bytes: u64,
+    /// The manifest's version.
+    pub version: u64,
+    /// The manifest's size.
+    pub manifest_bytes: u64,
+    /// Index objects the manifest names.
+    pub indexes: u64,
+    /// Age of the oldest unsettled message, ms.
+    pub oldest_unsettled_age_ms: Option<u64>,
+    /// Age of the oldest available message, ms.
+    pub oldest_available_age_ms: Option<u64>,
+    /// Fields this client does not know, as the server sent them.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 /// A subscription as the API shows it.
@@ -121,13 +201,51 @@ pub struct Subscription {
     /// Creation time, RFC 3339.
     pub created_at: String,
     /// The settings it sets itself.
-    pub settings: Value,
+    pub settings: Settings,
     /// The settings it obeys: the topic's, overlaid with its own.
-    pub effective: Value,
-    /// Per-partition figures (`get_subscription` only): `available`, `in_flight`,
-    /// `delayed`, `lost`, …
+    pub effective: Settings,
+    /// Per-partition figures (`get_subscription` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub partitions: Option<Vec<Value>>,
+    pub partitions: Option<Vec<SubscriptionPartition>>,
+}
+
+/// One partition's figures for a subscription, as `get_subscription` shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SubscriptionPartition {
+    /// Partition.
+    pub partition: u32,
+    /// The subscription's lowest unsettled offset.
+    pub frontier: u64,
+    /// Offset the next message gets.
+    pub next_offset: u64,
+    /// Unsettled messages with no live lease and no delay (the backlog).
+    pub available: u64,
+    /// Live leases.
+    pub in_flight: u64,
+    /// Offsets acked above the frontier.
+    pub acked_ahead: u64,
+    /// Unsettled messages whose delay is not over.
+    pub delayed: u64,
+    /// Messages retention removed before this subscription settled them.
+    pub lost: u64,
+    /// Age of the oldest unsettled message, ms.
+    pub oldest_unsettled_age_ms: Option<u64>,
+    /// Age of the oldest available message, ms.
+    pub oldest_available_age_ms: Option<u64>,
+    /// Fields this client does not know, as the server sent them.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// What `create_topic` and `create_subscription` found.
+#[derive(Debug, Clone)]
+pub struct Created<T> {
+    /// True when this call created it (201); false when it existed with the same
+    /// settings (200).
+    pub created: bool,
+    /// The topic or subscription.
+    pub value: T,
 }
 
 /// One page of `list_topics`.
@@ -491,7 +609,7 @@ impl Client {
 
     /// Creates a topic with `settings` (a JSON object, every field optional). Returns
     /// whether it was created (false: it existed with the same settings) and the topic.
-    pub async fn create_topic(&self, name: &str, settings: &Value) -> Result<(bool, Topic)> {
+    pub async fn create_topic(&self, name: &str, settings: &Value) -> Result<Created<Topic>> {
         let path = topic_path(name, "");
         let body = settings.to_string();
         let r = self
@@ -500,7 +618,10 @@ impl Client {
             })
             .await?;
         let created = r.status() == StatusCode::CREATED;
-        Ok((created, json(r).await?))
+        Ok(Created {
+            created,
+            value: json(r).await?,
+        })
     }
 
     /// Changes the settings that can change.
@@ -724,7 +845,7 @@ impl Client {
         topic: &str,
         name: &str,
         settings: &Value,
-    ) -> Result<(bool, Subscription)> {
+    ) -> Result<Created<Subscription>> {
         let path = subscription_path(topic, name);
         let body = settings.to_string();
         let r = self
@@ -733,7 +854,10 @@ impl Client {
             })
             .await?;
         let created = r.status() == StatusCode::CREATED;
-        Ok((created, json(r).await?))
+        Ok(Created {
+            created,
+            value: json(r).await?,
+        })
     }
 
     /// A topic's subscriptions (without per-partition figures).
@@ -852,6 +976,40 @@ async fn api_error(r: Response) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topics_and_subscriptions_read_typed_and_keep_what_they_do_not_know() {
+        let t: Topic = serde_json::from_value(serde_json::json!({
+            "name": "orders",
+            "settings": {"partitions": 2, "visibility_timeout_ms": 30000,
+                         "dead_letter_topic": null, "ordering": "key", "newer": 7},
+            "created_at": "2026-12-05T00:00:00.000Z",
+            "partitions": [{"partition": 1, "start_offset": 4, "frontier": 5,
+                            "next_offset": 9, "oldest_unsettled_age_ms": null, "newer": true}]
+        }))
+        .unwrap();
+        assert_eq!(t.settings.partitions, Some(2));
+        assert_eq!(t.visibility_timeout(), Some(Duration::from_secs(30)));
+        assert_eq!(t.settings.dead_letter_topic, None);
+        assert_eq!(t.settings.other["newer"], 7);
+        let p = t.partition(1).unwrap();
+        assert_eq!((p.start_offset, p.frontier, p.next_offset), (4, 5, 9));
+        assert_eq!(p.other["newer"], true);
+        assert!(t.partition(0).is_none());
+        let s: Subscription = serde_json::from_value(serde_json::json!({
+            "name": "audit", "topic": "orders", "start": "earliest",
+            "created_at": "2026-12-05T00:00:00.000Z",
+            "settings": {"max_deliveries": 3},
+            "effective": {"visibility_timeout_ms": 1000, "max_deliveries": 3}
+        }))
+        .unwrap();
+        assert_eq!(s.settings.max_deliveries, Some(3));
+        assert_eq!(s.settings.visibility_timeout(), None);
+        assert_eq!(
+            s.effective.visibility_timeout(),
+            Some(Duration::from_secs(1))
+        );
+    }
 
     fn message(payload: &str, encoding: Option<&str>) -> Message {
         Message {
