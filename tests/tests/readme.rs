@@ -1,8 +1,11 @@
 //! The README's walkthrough works when pasted: every fenced `sh` block of README.md, in
 //! order, runs in one bash (`set -euo pipefail`) against a fresh `narad serve`, with only
-//! the address and the credentials of its `export` line replaced, and the `narad` binary
-//! on the `PATH` for the client examples. A block whose curl gets
-//! an unexpected status (`curl -f`) or whose check fails fails this test.
+//! the address and the credentials of its `export` line replaced, and the `PATH` a user
+//! has: no `narad` on it. The client block then runs `cargo run -q -p narad -- ARGS`, as
+//! it says; here `cargo` is a stand-in that checks it was called exactly so and runs the
+//! `narad` this test run built (a nested `cargo run` would build the binary again with
+//! other features, under the other tests' feet). A block whose curl gets an unexpected
+//! status (`curl -f`) or whose check fails fails this test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -49,13 +52,31 @@ async fn every_sh_block_of_the_readme_runs_in_order_against_a_fresh_server() {
     let work = tempfile::tempdir().unwrap();
     let path = work.path().join("readme.sh");
     std::fs::write(&path, format!("set -euo pipefail\nset -x\n{script}\n")).unwrap();
-    // The client examples call `narad` as an installed binary would be.
-    let bin_dir = narad_tests::narad_binary().parent().unwrap().to_owned();
-    let path_var = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // The user's PATH, without any `narad` on it, and `cargo` standing for the build the
+    // Quickstart made.
+    let shims = work.path().join("shims");
+    std::fs::create_dir(&shims).unwrap();
+    let cargo = shims.join("cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/usr/bin/env bash\n\
+             # `cargo run -q -p narad -- ARGS`, and nothing else.\n\
+             [[ \"$1 $2 $3 $4 $5\" == 'run -q -p narad --' ]] || {{ echo \"unexpected: cargo $*\" >&2; exit 97; }}\n\
+             shift 5\n\
+             exec '{}' \"$@\"\n",
+            narad_tests::narad_binary().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cargo, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let user_path: Vec<String> = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|dir| !Path::new(dir).join("narad").exists())
+        .map(str::to_owned)
+        .collect();
+    let path_var = format!("{}:{}", shims.display(), user_path.join(":"));
     let out = tokio::process::Command::new("bash")
         .arg(&path)
         .env("PATH", path_var)
