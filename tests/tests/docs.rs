@@ -151,3 +151,98 @@ fn braces_expand_as_the_docs_write_them() {
     assert_eq!(expand("plain.rs"), ["plain.rs"]);
     assert_eq!(backticked("a `b` c `d`"), ["b", "d"]);
 }
+
+/// The rows of the markdown table that follows `heading` in design.md §9.
+fn table_after(heading: &str) -> String {
+    let design = std::fs::read_to_string(root().join("docs/design.md")).unwrap();
+    let map = design
+        .split("## §9 Map of the code")
+        .nth(1)
+        .expect("design.md has §9");
+    let from = map
+        .find(heading)
+        .unwrap_or_else(|| panic!("design.md §9 has {heading:?}"));
+    map[from..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn every_route_storage_key_and_manifest_field_has_its_file_in_the_map() {
+    let root = root();
+    // Routes: `ROUTES` in http/mod.rs, each as `METHOD /path` in the routes table.
+    let http = std::fs::read_to_string(root.join("shared/src/http/mod.rs")).unwrap();
+    let routes_src = http
+        .split("pub const ROUTES")
+        .nth(1)
+        .and_then(|r| r.split("];").next())
+        .expect("http/mod.rs has ROUTES");
+    let routes: Vec<String> = routes_src
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("(\"")?;
+            let (method, rest) = l.split_once("\", \"")?;
+            Some(format!("{method} {}", rest.split('"').next()?))
+        })
+        .collect();
+    assert!(routes.len() > 20, "ROUTES parsed: {routes:?}");
+    let table = table_after("**Where each route is handled.**");
+    let named = backticked(&table);
+    let missing: Vec<&String> = routes
+        .iter()
+        .filter(|r| !named.contains(&r.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "routes §9 does not place: {missing:?}");
+
+    // Storage keys: every function of keys.rs that builds one key (not a prefix, not an
+    // id) and every `system/…json` constant, as `keys::NAME` in the keys table.
+    let keys = std::fs::read_to_string(root.join("shared/src/keys.rs")).unwrap();
+    let mut builders: Vec<String> = keys
+        .lines()
+        .filter_map(|l| {
+            let name = l.strip_prefix("pub fn ")?.split('(').next()?;
+            (l.contains("-> String") && !name.ends_with("_prefix") && name != "segment_id")
+                .then(|| name.to_owned())
+        })
+        .collect();
+    builders.extend(keys.lines().filter_map(|l| {
+        let (name, value) = l.strip_prefix("pub const ")?.split_once(": &str = ")?;
+        (value.starts_with("\"system/") && value.contains(".json")).then(|| name.to_owned())
+    }));
+    assert!(builders.len() >= 10, "keys.rs parsed: {builders:?}");
+    let table = table_after("**Where each storage key is handled.**");
+    let missing: Vec<&String> = builders
+        .iter()
+        .filter(|b| !table.contains(&format!("`keys::{b}`")))
+        .collect();
+    assert!(missing.is_empty(), "keys §9 does not place: {missing:?}");
+
+    // Manifest fields: every field of `struct Manifest`, backticked in the fields table.
+    let partition = std::fs::read_to_string(root.join("shared/src/partition/mod.rs")).unwrap();
+    let body = partition
+        .split("struct Manifest {")
+        .nth(1)
+        .and_then(|b| b.split("\n}").next())
+        .expect("partition/mod.rs has struct Manifest");
+    let fields: Vec<&str> = body
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let l = l
+                .strip_prefix("pub(crate) ")
+                .or_else(|| l.strip_prefix("pub "))?;
+            Some(l.split(':').next()?.trim())
+        })
+        .collect();
+    assert!(fields.len() >= 15, "Manifest fields parsed: {fields:?}");
+    let table = table_after("**Where each manifest field is handled**");
+    let named = backticked(&table);
+    let missing: Vec<&&str> = fields.iter().filter(|f| !named.contains(*f)).collect();
+    assert!(
+        missing.is_empty(),
+        "manifest fields §9 does not place: {missing:?}"
+    );
+}
