@@ -822,6 +822,44 @@ impl Client {
         Ok(())
     }
 
+    /// Settles many handles of `topic` the same way in one request (`POST
+    /// /v1/topics/{t}/ack` with `receipt_handles`): one result per handle, in order, each
+    /// as [`Client::settle`] would answer it: 204 done, 410 gone, 503 outcome unknown
+    /// (settle it again). Handles on one partition share a commit.
+    ///
+    /// Errors: a refusal of the whole request (400 for 0 or more than 100 handles).
+    pub async fn settle_batch(
+        &self,
+        topic: &str,
+        receipt_handles: &[String],
+        action: Settle,
+    ) -> Result<Vec<EntryResult>> {
+        #[derive(Serialize)]
+        struct Body<'a> {
+            receipt_handles: &'a [String],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            extend: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Results {
+            results: Vec<EntryResult>,
+        }
+        let path = topic_path(topic, "/ack");
+        let body = serde_json::to_string(&Body {
+            receipt_handles,
+            extend: action.query(),
+        })
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+        let r = self
+            .send(Retry::Yes, || {
+                self.request(Method::POST, &path)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        Ok(json::<Results>(r).await?.results)
+    }
+
     /// [`Client::settle`] with [`Settle::Ack`].
     pub async fn ack(&self, topic: &str, receipt_handle: &str) -> Result<()> {
         self.settle(topic, receipt_handle, Settle::Ack).await

@@ -1,148 +1,126 @@
-//! The bench's HTTP client: one per worker, over one server or rotating over several
-//! processes, speaking the API as curl would (produce, consume, ack, piggybacked acks).
+//! The bench's client: one per worker, over one server or rotating over several
+//! processes, on [`narad_client`] (produce, consume, ack, piggybacked acks), with its
+//! retries off: the bench counts and handles every 503 itself.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use narad_client::{BatchMessage, ConsumeOptions, ProduceOptions, Settle};
+use serde_json::value::RawValue;
 
-/// The processes a rotating client sends its requests to in turn.
-#[derive(Clone)]
-pub(super) struct Rotation {
-    pub(super) bases: Arc<Vec<String>>,
-    pub(super) next: Arc<std::sync::atomic::AtomicUsize>,
+/// The API clients of every server, one per process.
+pub(super) fn api_clients(bases: &[String]) -> Result<Vec<narad_client::Client>, String> {
+    bases
+        .iter()
+        .map(|b| {
+            narad_client::Client::new(b, Some(("bench", "bench")))
+                .map(|c| c.with_retries(0))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 #[derive(Clone)]
 pub(super) struct Client {
-    pub(super) http: reqwest::Client,
-    pub(super) base: String,
-    /// `--rotate`: every request goes to the next process instead of `base`.
-    pub(super) rotation: Option<Rotation>,
+    /// Every server's API client (clones share one connection pool each).
+    pub(super) servers: Arc<Vec<narad_client::Client>>,
+    /// The server this worker talks to when it does not rotate.
+    pub(super) home: usize,
+    /// `--rotate`: every request goes to the next process instead of `home`.
+    pub(super) rotation: Option<Arc<AtomicUsize>>,
     pub(super) topic: String,
     /// The subscription consumes lease for (`None`: the topic's default one).
     pub(super) subscription: Option<String>,
     pub(super) batch: usize,
     /// Keys to give messages, round-robin (0: none), counted over all clients by `sent`.
     pub(super) keys: usize,
-    pub(super) sent: Arc<std::sync::atomic::AtomicUsize>,
+    pub(super) sent: Arc<AtomicUsize>,
+}
+
+/// Whether `e` is a 503 (or 429): refused, nothing done for sure.
+fn refused(e: &narad_client::Error) -> bool {
+    matches!(e.status().map(|s| s.as_u16()), Some(503 | 429))
 }
 
 impl Client {
-    /// Where the next request goes.
-    pub(super) fn base(&self) -> &str {
-        match &self.rotation {
-            None => &self.base,
-            Some(r) => {
-                let n = r.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                &r.bases[n % r.bases.len()]
-            }
-        }
+    /// The server the next request goes to.
+    pub(super) fn api(&self) -> &narad_client::Client {
+        let i = match &self.rotation {
+            None => self.home,
+            Some(next) => next.fetch_add(1, Ordering::Relaxed),
+        };
+        &self.servers[i % self.servers.len()]
     }
 
     /// The key of the next message, if messages get keys.
-    pub(super) fn next_key(&self) -> Option<String> {
-        let n = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fn next_key(&self) -> Option<String> {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
         (self.keys > 0).then(|| format!("k{}", n % self.keys))
     }
 
-    pub(super) async fn send(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: String,
-    ) -> Result<reqwest::Response, String> {
-        self.http
-            .request(method, format!("{}{path}", self.base()))
-            .basic_auth("bench", Some("bench"))
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())
+    fn consume_options(&self, n: usize) -> ConsumeOptions {
+        ConsumeOptions {
+            wait: None,
+            partition: None,
+            max: (self.batch > 1).then(|| u32::try_from(n).unwrap_or(u32::MAX)),
+            subscription: self.subscription.clone(),
+        }
     }
 
-    /// Produces `n` messages (one request); returns how many were accepted.
+    /// Produces `n` messages of the JSON `payload` (one request); returns how many were
+    /// accepted.
     pub(super) async fn produce(&self, payload: &str, n: usize) -> Result<usize, String> {
         if self.batch == 1 {
-            let query = self
-                .next_key()
-                .map_or_else(String::new, |k| format!("?key={k}"));
-            let r = self
-                .send(
-                    reqwest::Method::POST,
-                    &format!("/v1/topics/{}/produce{query}", self.topic),
-                    payload.to_owned(),
-                )
-                .await?;
-            let status = r.status();
-            return if status.as_u16() == 201 {
-                Ok(1)
-            } else {
-                Err(format!(
-                    "produce: {status} {}",
-                    r.text().await.unwrap_or_default()
-                ))
+            let opts = ProduceOptions {
+                key: self.next_key(),
+                ..ProduceOptions::default()
+            };
+            return match self
+                .api()
+                .produce(&self.topic, payload.to_owned(), &opts)
+                .await
+            {
+                Ok(_) => Ok(1),
+                Err(e) => Err(format!("produce: {e}")),
             };
         }
-        let msgs: Vec<String> = (0..n)
-            .map(|_| match self.next_key() {
-                Some(k) => format!("{{\"payload\":{payload},\"key\":\"{k}\"}}"),
-                None => format!("{{\"payload\":{payload}}}"),
+        let raw = RawValue::from_string(payload.to_owned()).map_err(|e| e.to_string())?;
+        let msgs: Vec<BatchMessage> = (0..n)
+            .map(|_| BatchMessage {
+                payload: raw.clone(),
+                payload_encoding: None,
+                key: self.next_key(),
+                partition: None,
+                idempotency_key: None,
+                headers: Default::default(),
+                delay_ms: 0,
             })
             .collect();
-        let body = format!("{{\"messages\":[{}]}}", msgs.join(","));
-        let r = self
-            .send(
-                reqwest::Method::POST,
-                &format!("/v1/topics/{}/produce-batch", self.topic),
-                body,
-            )
-            .await?;
-        let v: Value = r.json().await.map_err(|e| e.to_string())?;
-        let ok = v["results"]
-            .as_array()
-            .map_or(0, |a| a.iter().filter(|x| x["status"] == 201).count());
+        let results = self
+            .api()
+            .produce_batch(&self.topic, &msgs)
+            .await
+            .map_err(|e| format!("produce-batch: {e}"))?;
+        let ok = results.iter().filter(|r| r.status == 201).count();
         if ok == 0 {
-            return Err(format!("produce-batch: {v}"));
+            return Err(format!("produce-batch: {results:?}"));
         }
         Ok(ok)
     }
 
     /// Consumes up to `n` messages (one request); returns their receipt handles.
     pub(super) async fn consume(&self, n: usize) -> Result<Vec<String>, String> {
-        let mut q = if self.batch == 1 {
-            String::new()
-        } else {
-            format!("?max={n}")
-        };
-        if let Some(sub) = &self.subscription {
-            q.push(if q.is_empty() { '?' } else { '&' });
-            q.push_str(&format!("subscription={sub}"));
-        }
-        let r = self
-            .send(
-                reqwest::Method::GET,
-                &format!("/v1/topics/{}/consume{q}", self.topic),
-                String::new(),
-            )
-            .await?;
-        match r.status().as_u16() {
-            200 => {
-                let v: Value = r.json().await.map_err(|e| e.to_string())?;
-                let handles = match v.get("messages").and_then(Value::as_array) {
-                    Some(list) => list
-                        .iter()
-                        .filter_map(|m| m["receipt_handle"].as_str().map(str::to_owned))
-                        .collect(),
-                    None => v["receipt_handle"]
-                        .as_str()
-                        .map(str::to_owned)
-                        .into_iter()
-                        .collect(),
-                };
-                Ok(handles)
-            }
-            204 | 503 => Ok(Vec::new()),
-            s => Err(format!("consume: {s}")),
+        match self
+            .api()
+            .consume(&self.topic, &self.consume_options(n))
+            .await
+        {
+            Ok(messages) => Ok(messages
+                .into_iter()
+                .filter_map(|m| m.receipt_handle)
+                .collect()),
+            Err(e) if refused(&e) => Ok(Vec::new()),
+            Err(e) => Err(format!("consume: {e}")),
         }
     }
 
@@ -153,38 +131,25 @@ impl Client {
         n: usize,
         acks: &[String],
     ) -> Result<(Vec<String>, Vec<String>), String> {
-        let q = if self.batch == 1 {
-            String::new()
-        } else {
-            format!("?max={n}")
-        };
-        let r = self
-            .send(
-                reqwest::Method::POST,
-                &format!("/v1/topics/{}/consume{q}", self.topic),
-                json!({ "ack": acks }).to_string(),
-            )
-            .await?;
-        match r.status().as_u16() {
-            200 => {}
+        let got = match self
+            .api()
+            .consume_acking(&self.topic, &self.consume_options(n), acks)
+            .await
+        {
+            Ok(got) => got,
             // Nothing acked for sure: ack them again, on their own.
-            503 => return Ok((Vec::new(), acks.to_vec())),
-            s => return Err(format!("consume: {s}")),
-        }
-        let v: Value = r.json().await.map_err(|e| e.to_string())?;
-        let leased = v["messages"]
-            .as_array()
-            .map(|list| {
-                list.iter()
-                    .filter_map(|m| m["receipt_handle"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let answers = v["acks"].as_array().cloned().unwrap_or_default();
+            Err(e) if refused(&e) => return Ok((Vec::new(), acks.to_vec())),
+            Err(e) => return Err(format!("consume: {e}")),
+        };
+        let leased = got
+            .messages
+            .into_iter()
+            .filter_map(|m| m.receipt_handle)
+            .collect();
         let unsettled = acks
             .iter()
             .enumerate()
-            .filter(|(i, _)| answers.get(*i).is_none_or(|a| a["status"] == 503))
+            .filter(|(i, _)| got.acks.get(*i).is_none_or(|a| a.status == 503))
             .map(|(_, h)| h.clone())
             .collect();
         Ok((leased, unsettled))
@@ -196,35 +161,22 @@ impl Client {
             return Ok(0);
         }
         for _ in 0..100 {
-            let r = if self.batch == 1 && handles.len() == 1 {
-                self.http
-                    .post(format!("{}/v1/topics/{}/ack", self.base(), self.topic))
-                    .query(&[("receipt_handle", handles[0].as_str())])
-                    .basic_auth("bench", Some("bench"))
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?
-            } else {
-                let body = json!({ "receipt_handles": handles }).to_string();
-                self.send(
-                    reqwest::Method::POST,
-                    &format!("/v1/topics/{}/ack", self.topic),
-                    body,
-                )
-                .await?
-            };
-            match r.status().as_u16() {
-                204 => return Ok(1),
-                200 => {
-                    let v: Value = r.json().await.map_err(|e| e.to_string())?;
-                    let all = v["results"].as_array().cloned().unwrap_or_default();
-                    if all.iter().any(|x| x["status"] == 503) {
-                        continue;
-                    }
-                    return Ok(all.iter().filter(|x| x["status"] == 204).count());
+            if self.batch == 1 && handles.len() == 1 {
+                match self.api().ack(&self.topic, &handles[0]).await {
+                    Ok(()) => return Ok(1),
+                    Err(e) if refused(&e) => continue,
+                    Err(e) => return Err(format!("ack: {e}")),
                 }
-                503 => continue,
-                s => return Err(format!("ack: {s}")),
+            }
+            match self
+                .api()
+                .settle_batch(&self.topic, handles, Settle::Ack)
+                .await
+            {
+                Ok(all) if all.iter().any(|r| r.status == 503) => continue,
+                Ok(all) => return Ok(all.iter().filter(|r| r.status == 204).count()),
+                Err(e) if refused(&e) => continue,
+                Err(e) => return Err(format!("ack: {e}")),
             }
         }
         Err("ack: still 503 after 100 tries".into())

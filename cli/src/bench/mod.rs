@@ -26,7 +26,7 @@ mod phase;
 mod probes;
 mod report;
 mod servers;
-use client::{Client, Rotation};
+use client::Client;
 use narad_shared::store::{self, DynStore};
 use phase::{phase, Phase, WorkerEnd};
 use probes::{concurrent_put_rate, replay_cost, serial_cas_rate, ManifestSizes};
@@ -145,11 +145,6 @@ impl Bench {
             true => args.connections.max(1),
             false => args.connections.max(1) * servers.bases.len(),
         };
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(workers)
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| e.to_string())?;
         let topic = format!("bench-{}", RandomIds.new_id());
         let settings = json!({
             "partitions": args.partitions,
@@ -159,16 +154,13 @@ impl Bench {
             "ordering": args.ordering,
         });
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let clients: Vec<Client> = servers
-            .bases
-            .iter()
-            .map(|base| Client {
-                http: http.clone(),
-                base: base.clone(),
-                rotation: rotate.then(|| Rotation {
-                    bases: Arc::new(servers.bases.clone()),
-                    next: Arc::default(),
-                }),
+        let api = Arc::new(client::api_clients(&servers.bases)?);
+        let rotation = rotate.then(Arc::default);
+        let clients: Vec<Client> = (0..servers.bases.len())
+            .map(|home| Client {
+                servers: api.clone(),
+                home,
+                rotation: rotation.clone(),
                 topic: topic.clone(),
                 subscription: None,
                 batch: args.batch.max(1),
@@ -194,9 +186,7 @@ impl Bench {
             cas_rate,
             put_rate,
         };
-        b.put(&format!("/v1/topics/{}", b.topic), b.settings.to_string())
-            .await
-            .map_err(|e| format!("create topic: {e}"))?;
+        b.create_topic(&b.topic).await?;
         Ok(b)
     }
 
@@ -206,26 +196,20 @@ impl Bench {
         move |w| clients[w % clients.len()].clone()
     }
 
-    /// A `PUT` of `body` to `path` through the first client.
+    /// Creates `topic` with the bench's settings, through the first server.
     ///
-    /// Errors: the request's, or the status and body of an answer that is no success.
-    async fn put(&self, path: &str, body: String) -> Result<(), String> {
-        let r = self.clients[0]
-            .send(reqwest::Method::PUT, path, body)
-            .await?;
-        if r.status().is_success() {
-            return Ok(());
-        }
-        let status = r.status();
-        Err(format!("{status} {}", r.text().await.unwrap_or_default()))
+    /// Errors: the request's.
+    async fn create_topic(&self, topic: &str) -> Result<(), String> {
+        self.clients[0].servers[0]
+            .create_topic(topic, &self.settings)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("create topic: {e}"))
     }
 
     /// Deletes `topic`, whatever the answer.
     async fn delete_topic(&self, topic: &str) {
-        let path = format!("/v1/topics/{topic}");
-        let _ = self.clients[0]
-            .send(reqwest::Method::DELETE, &path, String::new())
-            .await;
+        let _ = self.clients[0].servers[0].delete_topic(topic).await;
     }
 }
 
@@ -390,12 +374,10 @@ async fn subscription_phases(b: &Bench, args: &BenchArgs) -> Result<Vec<Phase>, 
             })
             .collect(),
     );
-    b.put(&format!("/v1/topics/{with_subs}"), b.settings.to_string())
-        .await
-        .map_err(|e| format!("create topic: {e}"))?;
+    b.create_topic(&with_subs).await?;
     for i in 0..args.subscriptions {
-        let path = format!("/v1/topics/{with_subs}/subscriptions/s{i}");
-        b.put(&path, String::new())
+        b.clients[0].servers[0]
+            .create_subscription(&with_subs, &format!("s{i}"), &json!({}))
             .await
             .map_err(|e| format!("create subscription: {e}"))?;
     }
