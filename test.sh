@@ -106,6 +106,18 @@ lambda_build() {
     for f in narad-api narad-maintenance; do
         printf '%s release %s binary: %s bytes\n' "$f" "$arch" "$(stat -c %s "target/lambda/$f/bootstrap")"
     done
+    # The functions link no HTTP server (narad-shared's `server` feature: the accept loop,
+    # the TLS acceptor) and one TLS stack, the S3 client's.
+    local features tls
+    features=$(cargo tree -p narad-functions -e features -i narad-shared --prefix none --format '{p} {f}' | sort -u)
+    tls=$(cargo tree -p narad-functions -e normal --prefix none --format '{p}' | grep -E '^rustls v' | sed 's/ (\*)//' | sort -u)
+    printf 'narad-shared features in the functions: %s\nTLS in the functions: %s\n' \
+        "$(echo "$features" | grep '^narad-shared' | tr '\n' ' ')" "$(echo "$tls" | tr '\n' ' ')"
+    if echo "$features" | grep -q 'narad-shared.*server'; then
+        echo "the Lambda functions link narad-shared's server feature"
+        return 1
+    fi
+    [[ $(echo "$tls" | wc -l) -eq 1 ]] || { echo "more than one rustls in the functions"; return 1; }
 }
 step "Lambda build (cargo lambda build --release)" "2 s warm; 7 min cold" lambda_build
 lambda_suite() {

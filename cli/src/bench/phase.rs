@@ -59,6 +59,14 @@ impl Combining {
     }
 }
 
+/// What every worker of a phase draws from: messages claimed and done so far.
+struct Work {
+    total: usize,
+    batch: usize,
+    claimed: AtomicUsize,
+    done: AtomicUsize,
+}
+
 /// Runs requests over `workers` workers until `messages` messages are done; `op(w, n)`
 /// is worker `w` handling up to `n` messages, returning how many it did. Latency is per
 /// request; storage requests and commits are summed over every server.
@@ -72,55 +80,20 @@ pub(super) async fn phase<F, Fut>(
 ) -> Result<Phase, String>
 where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<usize, String>> + Send,
+    Fut: std::future::Future<Output = Result<usize, String>> + Send + 'static,
 {
     let before = servers.snapshot().await?;
-    let done = Arc::new(AtomicUsize::new(0));
-    let claimed = Arc::new(AtomicUsize::new(0));
+    let work = Arc::new(Work {
+        total: args.messages,
+        batch: args.batch.max(1),
+        claimed: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+    });
     let op = Arc::new(op);
-    let batch = args.batch.max(1);
     let start = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..workers {
-        let (done, claimed, op, total) = (done.clone(), claimed.clone(), op.clone(), args.messages);
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut errors = 0usize;
-            loop {
-                let from = claimed.fetch_add(batch, Ordering::Relaxed);
-                if from >= total {
-                    break;
-                }
-                let want = batch.min(total - from);
-                let mut got = 0;
-                let mut tries = 0;
-                while got < want && tries < 1000 {
-                    tries += 1;
-                    let t = Instant::now();
-                    match op(w, want - got).await {
-                        Ok(k) => got += k,
-                        Err(e) => {
-                            if errors == 0 {
-                                eprintln!("narad bench: {name}: {e}");
-                            }
-                            errors += 1;
-                        }
-                    }
-                    lat.push(t.elapsed());
-                }
-                done.fetch_add(got, Ordering::Relaxed);
-            }
-            if end == WorkerEnd::Flush {
-                let t = Instant::now();
-                if let Err(e) = op(w, 0).await {
-                    eprintln!("narad bench: {name}: {e}");
-                    errors += 1;
-                }
-                lat.push(t.elapsed());
-            }
-            (lat, errors)
-        }));
-    }
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| tokio::spawn(worker(name, w, work.clone(), op.clone(), end)))
+        .collect();
     let mut latencies = Vec::new();
     let mut errors = 0;
     for t in tasks {
@@ -130,11 +103,10 @@ where
         }
     }
     let elapsed = start.elapsed();
-    let messages = done.load(Ordering::Relaxed);
     let used = servers.snapshot().await?.since(&before);
     Ok(Phase {
         name,
-        messages,
+        messages: work.done.load(Ordering::Relaxed),
         elapsed,
         latencies,
         counts: used.counts,
@@ -153,4 +125,56 @@ where
         },
         errors,
     })
+}
+
+/// Worker `w` of phase `name`: claims a batch of messages at a time and calls `op` until
+/// they are done (at most 1000 requests a claim), then as `end` says; answers the latency
+/// of each of its requests and how many failed.
+async fn worker<F, Fut>(
+    name: &'static str,
+    w: usize,
+    work: Arc<Work>,
+    op: Arc<F>,
+    end: WorkerEnd,
+) -> (Vec<Duration>, usize)
+where
+    F: Fn(usize, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<usize, String>>,
+{
+    let mut lat = Vec::new();
+    let mut errors = 0usize;
+    let failed = |e: String, errors: &mut usize| {
+        if *errors == 0 {
+            eprintln!("narad bench: {name}: {e}");
+        }
+        *errors += 1;
+    };
+    loop {
+        let from = work.claimed.fetch_add(work.batch, Ordering::Relaxed);
+        if from >= work.total {
+            break;
+        }
+        let want = work.batch.min(work.total - from);
+        let mut got = 0;
+        let mut tries = 0;
+        while got < want && tries < 1000 {
+            tries += 1;
+            let t = Instant::now();
+            match op(w, want - got).await {
+                Ok(k) => got += k,
+                Err(e) => failed(e, &mut errors),
+            }
+            lat.push(t.elapsed());
+        }
+        work.done.fetch_add(got, Ordering::Relaxed);
+    }
+    if end == WorkerEnd::Flush {
+        let t = Instant::now();
+        if let Err(e) = op(w, 0).await {
+            eprintln!("narad bench: {name}: {e}");
+            errors += 1;
+        }
+        lat.push(t.elapsed());
+    }
+    (lat, errors)
 }

@@ -19,8 +19,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
+use super::fan_out::Slots;
 use super::subscriptions::Group;
 use super::{check_partition, Broker, Settle};
+use crate::commit::LeaseAnswer;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::receipt::{incarnation_tag, Claims};
@@ -45,6 +47,46 @@ struct Split {
     leased: Vec<usize>,
     /// Indices of every other handle.
     rest: Vec<usize>,
+}
+
+/// Where each ack of a consume of `topic` goes (only from `partition` if given, else from
+/// the topic's only partition if it has one): that partition, and the split of the acks
+/// between its lease's commit and the other partitions ([`split`]).
+///
+/// Errors: [`BrokerError::NoSuchPartition`]; [`BrokerError::StaleTopic`] when a handle
+/// names another incarnation of a cached topic, found out before anything is applied so
+/// that the retry on a reloaded topic applies nothing twice.
+fn plan(
+    topic: &Topic,
+    partition: Option<u32>,
+    claims: &[(BrokerResult<Claims>, Settle)],
+) -> BrokerResult<(Option<u32>, Split)> {
+    if let Some(p) = partition {
+        check_partition(topic, p)?;
+    }
+    let partition = partition.or((topic.settings.partitions == 1).then_some(0));
+    let tag = incarnation_tag(&topic.incarnation);
+    let fits = |c: &Claims| {
+        c.partition < topic.settings.partitions
+            && (c.incarnation.is_empty() || c.incarnation == tag)
+    };
+    if topic.from_cache
+        && claims
+            .iter()
+            .any(|(c, _)| c.as_ref().is_ok_and(|c| !fits(c)))
+    {
+        return Err(BrokerError::StaleTopic);
+    }
+    // A subscription's handle is settled on its own ledger, never in this lease's commit
+    // (the default subscription's).
+    let valid = |i: usize| match &claims[i].0 {
+        Ok(c) if fits(c) && c.subscription.is_none() => Some(c.partition),
+        _ => None,
+    };
+    Ok((
+        partition,
+        split(claims.len(), partition, topic.settings.paused, valid),
+    ))
 }
 
 /// How one attempt's handles are split (see [`Split`]): with a `partition` asked for, its
@@ -192,31 +234,7 @@ impl Broker {
         max: usize,
         claims: &[(BrokerResult<Claims>, Settle)],
     ) -> BrokerResult<(AckedConsume, bool)> {
-        if let Some(p) = partition {
-            check_partition(topic, p)?;
-        }
-        let partition = partition.or((topic.settings.partitions == 1).then_some(0));
-        let tag = incarnation_tag(&topic.incarnation);
-        let fits = |c: &Claims| {
-            c.partition < topic.settings.partitions
-                && (c.incarnation.is_empty() || c.incarnation == tag)
-        };
-        // A handle of another incarnation is found out before anything is applied, so the
-        // retry on a reloaded topic applies nothing twice.
-        if topic.from_cache
-            && claims
-                .iter()
-                .any(|(c, _)| c.as_ref().is_ok_and(|c| !fits(c)))
-        {
-            return Err(BrokerError::StaleTopic);
-        }
-        // A subscription's handle is settled on its own ledger, never in this lease's
-        // commit (the default subscription's).
-        let valid = |i: usize| match &claims[i].0 {
-            Ok(c) if fits(c) && c.subscription.is_none() => Some(c.partition),
-            _ => None,
-        };
-        let plan = split(claims.len(), partition, topic.settings.paused, valid);
+        let (partition, plan) = plan(topic, partition, claims)?;
         let rest: Vec<(BrokerResult<Claims>, Settle)> =
             plan.rest.iter().map(|&i| claims[i].clone()).collect();
         let settles: Vec<(u64, u64, Settle)> = plan
@@ -236,57 +254,68 @@ impl Broker {
             )
         };
         let (leased, others) = tokio::join!(with_lease, self.settle_on(topic, &rest));
-        let mut acks: Vec<Option<BrokerResult<()>>> = vec![None; claims.len()];
+        let mut acks = Slots::new(claims.len());
         let mut lease = None;
         if let Some((answer, results)) = leased {
             for (&i, r) in plan.leased.iter().zip(results) {
-                acks[i] = Some(r);
+                acks.set(i, r);
             }
             lease = Some(answer);
         }
         match others {
             Ok(results) => {
                 for (&i, r) in plan.rest.iter().zip(results) {
-                    acks[i] = Some(r);
+                    acks.set(i, r);
                 }
             }
-            Err(e) if !acks.iter().flatten().any(Result::is_ok) => return Err(e),
+            Err(e) if !acks.any_ok() => return Err(e),
             // Those handles' outcome is unknown (503): some may have landed.
             Err(e) => {
                 tracing::warn!(topic = %topic.name, error = %e, "acks beside a lease failed");
                 for &i in &plan.rest {
-                    acks[i] = Some(Err(BrokerError::Contention));
+                    acks.set(i, Err(BrokerError::Contention));
                 }
             }
         }
-        let acks: Vec<BrokerResult<()>> = acks
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(BrokerError::Internal("an ack got no result".into()))))
-            .collect();
+        let acks = acks.finish("an ack");
         let acked = acks.iter().any(Result::is_ok);
-        let mut deliveries = Vec::new();
         let covered = plan.with_lease.is_some() && partition.is_some();
-        if let (Some(p), Some(answer)) = (plan.with_lease, lease) {
-            let taken = match answer {
-                Ok(answer) => {
-                    let mut used = 0;
-                    self.take_leased(topic, Group::Default, p, answer, &mut deliveries, &mut used)
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            match taken {
-                Ok(()) => {}
-                Err(e) if !acked => return Err(e),
-                // Its leases lapse; the acks answered 204 must reach the caller.
-                Err(e) => {
-                    tracing::warn!(topic = %topic.name, partition = p, error = %e,
-                        "lease beside piggybacked acks failed");
-                    deliveries.clear();
-                }
+        let deliveries = match (plan.with_lease, lease) {
+            (Some(p), Some(answer)) => self.delivered_beside(topic, p, answer, acked).await?,
+            _ => Vec::new(),
+        };
+        Ok((AckedConsume { deliveries, acks }, covered))
+    }
+
+    /// The deliveries of the lease committed with piggybacked acks on partition `p`.
+    ///
+    /// Errors: the lease's, when no ack was answered 204 (`acked`); once one was, a failed
+    /// lease delivers nothing (its leases lapse) so that the acks reach the caller.
+    async fn delivered_beside(
+        &self,
+        topic: &Topic,
+        p: u32,
+        answer: BrokerResult<LeaseAnswer>,
+        acked: bool,
+    ) -> BrokerResult<Vec<Delivery>> {
+        let mut deliveries = Vec::new();
+        let taken = match answer {
+            Ok(answer) => {
+                let mut used = 0;
+                self.take_leased(topic, Group::Default, p, answer, &mut deliveries, &mut used)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match taken {
+            Ok(()) => Ok(deliveries),
+            Err(e) if !acked => Err(e),
+            Err(e) => {
+                tracing::warn!(topic = %topic.name, partition = p, error = %e,
+                    "lease beside piggybacked acks failed");
+                Ok(Vec::new())
             }
         }
-        Ok((AckedConsume { deliveries, acks }, covered))
     }
 }
 
