@@ -5,19 +5,23 @@
 //! (docs/design.md §9 has the full map):
 //!
 //! 1. [`http`]: the axum router shared by `narad serve` and the Lambda function: parse,
-//!    call one broker operation, render; [`http::error`] maps errors to statuses.
+//!    call one broker operation, render; `http/error.rs` maps errors to statuses.
 //! 2. [`broker`]: one file per operation (topics, produce, consume, replay, settle,
-//!    dead letters, long polling, metrics).
-//! 3. [`commit`]: the per-partition group-commit queue: one segment PUT and one manifest
+//!    dead letters, long polling, metrics); [`broker::Housekeeping`] for maintenance.
+//! 3. `commit`: the per-partition group-commit queue: one segment PUT and one manifest
 //!    CAS per batch, typed submits.
-//! 4. [`partition`]: the manifest model and the pure transitions (produce, lease,
+//! 4. `partition`: the manifest model and the pure transitions (produce, lease,
 //!    settle, compaction swap, one batch), unit-tested in place.
-//! 5. [`cas`]: the one conditional-write loop, for every object changed in place.
+//! 5. `cas`: the one conditional-write loop, for every object changed in place.
 //! 6. [`store`]: the storage trait and its backends (file, memory, S3, metered).
 //!
-//! Beside the flow: [`access`] (users, password hashes, per-topic grants), [`maintenance`] (gc and compaction, through the broker's API),
-//! [`topic`], [`segment`], [`objects`] (reading segments and index objects through the caches), [`cache`], [`receipt`], [`payload`], [`settings`], [`keys`], [`clock`],
-//! [`config`] (configuration from the environment), [`formats`] (versions of stored formats), [`gate`] (which formats the fleet may write) and [`error`].
+//! Beside the flow: [`access`] (users, password hashes, per-topic grants),
+//! [`maintenance`] (gc and compaction, through [`broker::Housekeeping`]), `topic`,
+//! `segment`, `objects` (reading segments and index objects through the caches), `cache`,
+//! `receipt`, `payload`, [`settings`], `keys`, [`clock`], [`config`] (configuration from
+//! the environment), [`formats`] (versions of stored formats), [`gate`] (which formats
+//! the fleet may write), [`error`], and [`stored`] (the stored objects, for tools).
+//! Modules without a link are private to this crate.
 
 // The floors and helpers the broker is built from: private, reached through the modules
 // below. docs/design.md §9 ("The crate's surface") says what each public module is for.
