@@ -27,7 +27,7 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use argon2::Argon2;
 use hmac::{Hmac, Mac};
 use rand::RngCore;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
@@ -39,7 +39,7 @@ pub const VERIFIED_FOR: Duration = Duration::from_secs(60);
 pub const VERIFIED_MAX: usize = 4096;
 
 /// What a request does to a topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     /// Produce and produce-batch.
@@ -62,6 +62,14 @@ impl Topics {
         match s.strip_suffix('*') {
             Some(p) => Self::Prefix(p.to_owned()),
             None => Self::Exact(s.to_owned()),
+        }
+    }
+
+    /// The pattern as a users file writes it: `orders`, or `orders-*` for a prefix.
+    fn pattern(&self) -> String {
+        match self {
+            Self::Exact(t) => t.clone(),
+            Self::Prefix(p) => format!("{p}*"),
         }
     }
 
@@ -108,6 +116,24 @@ impl User {
         }
     }
 
+    /// This user's grants as a users file writes them (`GET /v1/whoami`): every right
+    /// (`NARAD_AUTH`) is the one grant `*` with every action.
+    pub fn grants(&self) -> Vec<GrantView> {
+        match &self.grants {
+            None => vec![GrantView {
+                topics: "*".to_owned(),
+                actions: vec![Action::Produce, Action::Consume, Action::Admin],
+            }],
+            Some(gs) => gs
+                .iter()
+                .map(|g| GrantView {
+                    topics: g.topics.pattern(),
+                    actions: g.actions.clone(),
+                })
+                .collect(),
+        }
+    }
+
     /// Whether this user holds any grant on `topic` (it may list it and read its stats).
     pub fn sees(&self, topic: &str) -> bool {
         match &self.grants {
@@ -115,6 +141,16 @@ impl User {
             Some(gs) => gs.iter().any(|g| g.topics.covers(topic)),
         }
     }
+}
+
+/// One grant as `GET /v1/whoami` shows it: a topic pattern (`*` suffix: a prefix) and
+/// the actions it allows there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrantView {
+    /// `orders` (exactly that topic) or `orders-*` (every topic with that prefix).
+    pub topics: String,
+    /// What the grant allows on those topics.
+    pub actions: Vec<Action>,
 }
 
 /// A users file that cannot be used.

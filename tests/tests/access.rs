@@ -92,6 +92,28 @@ async fn every_route_checks_the_callers_grants() {
         client("alice", "alice-pw"),
         client("bob", "bob-pw"),
     );
+    // Each caller reads its own grants, as its users file wrote them.
+    let all = json!(["produce", "consume", "admin"]);
+    assert_eq!(
+        root.call(Method::GET, "/v1/whoami", "").await,
+        (
+            StatusCode::OK,
+            json!({"user": USER, "grants": [{"topics": "*", "actions": all}]})
+        )
+    );
+    assert_eq!(
+        alice.call(Method::GET, "/v1/whoami", "").await,
+        (
+            StatusCode::OK,
+            json!({"user": "alice", "grants": [
+                {"topics": "orders*", "actions": ["produce", "consume"]},
+                {"topics": "audit*", "actions": ["admin"]}]})
+        )
+    );
+    assert_eq!(
+        bob.call(Method::GET, "/v1/whoami", "").await,
+        (StatusCode::OK, json!({"user": "bob", "grants": []}))
+    );
     for t in ["orders", "payroll"] {
         assert_eq!(
             root.call(Method::PUT, &format!("/v1/topics/{t}"), "{}")

@@ -57,6 +57,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/console/app.js"),
     ("GET", "/console/style.css"),
     ("GET", "/metrics"),
+    ("GET", "/v1/whoami"),
     ("GET", "/v1/topics"),
     ("PUT", "/v1/topics/{topic}"),
     ("GET", "/v1/topics/{topic}"),
@@ -109,6 +110,7 @@ pub fn router(broker: Arc<Broker>, users: Users, http: &HttpOptions) -> Router {
         admission: admission::Admission::new(http.max_body_buffer, http.body_timeout, largest),
     };
     let v1 = Router::new()
+        .route("/v1/whoami", get(handlers::ops::whoami))
         .route("/v1/topics", get(handlers::topics::list))
         .route(
             "/v1/topics/{topic}",

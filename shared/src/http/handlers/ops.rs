@@ -1,4 +1,4 @@
-//! `/health`, `/metrics`, and the answers for unknown routes and methods.
+//! `/health`, `/metrics`, `/v1/whoami`, and the answers for unknown routes and methods.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -61,6 +61,16 @@ pub(in crate::http) async fn console(uri: axum::http::Uri) -> Response {
         *body,
     )
         .into_response()
+}
+
+/// `GET /v1/whoami`: the caller's name and grants, so a client (the console) can offer
+/// only what the server would allow. The server checks every request anyway.
+pub(in crate::http) async fn whoami(Extension(caller): Extension<Caller>) -> Response {
+    Json(serde_json::json!({
+        "user": caller.0.name,
+        "grants": caller.0.grants(),
+    }))
+    .into_response()
 }
 
 /// `GET /metrics`: Prometheus text format (auth like `/v1`; no payloads; per-topic series
