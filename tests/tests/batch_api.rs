@@ -59,9 +59,27 @@ async fn produce_batch_keeps_payloads_order_and_reports_per_message() {
         (Some("AP8Q"), Some("base64"))
     );
 
+    // A whole number written as a float is an integer (JSON Schema's reading; Python's
+    // json writes 1.0 for a float that holds 1).
+    let r = s
+        .req(Method::POST, "/v1/topics/b/produce-batch")
+        .body(r#"{"messages":[{"payload":7,"partition":1.0,"delay_ms":0.0}]}"#)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&v["results"][0]["status"], &v["results"][0]["partition"]),
+        (&json!(201), &json!(1)),
+        "{v}"
+    );
+
     for bad in [
         "",
         "{}",
+        r#"{"messages":[{"payload":1,"partition":0.5}]}"#,
+        r#"{"messages":[{"payload":1,"delay_ms":-1.0}]}"#,
+        r#"{"messages":[{"payload":1,"partition":4294967296}]}"#,
         r#"{"messages":[]}"#,
         r#"{"messages":[{"payload":"x","payload_encoding":"rot13"}]}"#,
         r#"{"messages":[{"payload":1,"payload_encoding":"base64"}]}"#,
@@ -162,6 +180,26 @@ async fn consume_max_and_batch_ack() {
     let again = s.consume("b", "max=1").await.unwrap();
     assert_eq!(again["messages"][0]["offset"], 0);
     assert_eq!(again["messages"][0]["delivery_count"], 2);
+    // `extend` in the query applies to the body's handles; given in both, it is a 400.
+    let h0 = again["messages"][0]["receipt_handle"].as_str().unwrap();
+    let both = s
+        .req(Method::POST, "/v1/topics/b/ack?extend=0")
+        .body(json!({"receipt_handles": [h0], "extend": true}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(both.status(), StatusCode::BAD_REQUEST);
+    let r = s
+        .req(Method::POST, "/v1/topics/b/ack?extend=0")
+        .body(json!({"receipt_handles": [h0], "extend": null}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["results"][0]["status"], 204, "{v}");
+    let again = s.consume("b", "max=1").await.unwrap();
+    assert_eq!(again["messages"][0]["offset"], 0);
+    assert_eq!(again["messages"][0]["delivery_count"], 3);
 
     // max bounds and shape.
     for q in ["max=0", "max=101", "max=x", "partition=0&offset=0&max=2"] {

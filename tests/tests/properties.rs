@@ -110,7 +110,7 @@ proptest! {
     #[test]
     fn batch_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = parse_produce_batch(&body);
-        let _ = parse_ack_batch(&body);
+        let _ = parse_ack_batch(&body, None);
     }
 
     #[test]
@@ -144,7 +144,7 @@ proptest! {
         ],
     ) {
         let body = format!(r#"{{"receipt_handles":{},"extend":{extend}}}"#, serde_json::to_string(&handles).unwrap());
-        let r = parse_ack_batch(body.as_bytes());
+        let r = parse_ack_batch(body.as_bytes(), None);
         match extend {
             // null is the same as no extend: ack. A number is seconds (retry later).
             "true" | "0" | "1" | "\"30s\"" | "\"true\"" | "null" => {

@@ -210,7 +210,7 @@ async fn a_cancelled_message_is_never_delivered_and_its_lease_is_gone() {
             StatusCode::NOT_FOUND,
             "subscription_not_found",
         ),
-        (3, 0, "", StatusCode::BAD_REQUEST, "invalid_partition"),
+        (3, 0, "", StatusCode::NOT_FOUND, "message_not_found"),
     ] {
         let (got, v) = cancel(&s, "cx", p, o, q).await;
         assert_eq!(

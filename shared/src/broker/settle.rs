@@ -150,8 +150,8 @@ impl Broker {
     /// `None`. A live lease's handle then gets 410; a delayed message is never delivered.
     /// Settled already: nothing changes (204 again).
     ///
-    /// Errors: [`BrokerError::MessageNotFound`] when the offset is not retained,
-    /// [`BrokerError::NoSuchPartition`], [`BrokerError::SubscriptionNotFound`],
+    /// Errors: [`BrokerError::MessageNotFound`] when the offset is not retained or the
+    /// partition does not exist, [`BrokerError::SubscriptionNotFound`],
     /// [`BrokerError::AckedAheadFull`] (the acked-ahead window is full: retry later).
     pub async fn cancel(
         &self,
@@ -163,7 +163,11 @@ impl Broker {
         keys::validate_topic(name)?;
         self.gate().check()?;
         self.with_topic(name, |topic| async move {
-            super::check_partition(&topic, partition)?;
+            // A partition the topic does not have holds no message either.
+            super::check_partition(&topic, partition).map_err(|e| match e {
+                BrokerError::NoSuchPartition(_) => BrokerError::MessageNotFound,
+                other => other,
+            })?;
             let group = Group::of(&topic, sub)?;
             let m = self.read_manifest(&topic, partition).await?;
             if offset < m.start_offset || offset >= m.next_offset {

@@ -6,7 +6,7 @@
 
 use base64::Engine;
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::extract::check_message;
@@ -28,14 +28,41 @@ struct BatchMessage {
     payload_encoding: Option<String>,
     #[serde(default)]
     key: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral")]
     partition: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
     #[serde(default)]
     headers: Option<crate::segment::Headers>,
-    #[serde(default)]
-    delay_ms: u64,
+    #[serde(default, deserialize_with = "integral")]
+    delay_ms: Option<u64>,
+}
+
+/// A non-negative whole number, or null. `3.0` counts: JSON Schema calls it an integer,
+/// and Python's `json` writes a float that holds a whole number that way.
+fn integral<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    // Up to 2^53 a float holds every whole number exactly.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=EXACT).contains(f))
+            // Whole and within range: the cast is exact.
+            .map(|f| f as u64)
+    });
+    whole
+        .and_then(|w| T::try_from(w).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            D::Error::custom(format!("expected a non-negative integer in range, got {n}"))
+        })
 }
 
 impl BatchMessage {
@@ -86,7 +113,8 @@ pub fn parse_produce_batch(body: &[u8]) -> Result<Vec<NewMessage>, ApiError> {
         )?;
         let headers = m.headers.unwrap_or_default();
         crate::http::extract::check_headers(&format!("messages[{i}]: "), &headers)?;
-        if m.delay_ms > crate::http::extract::MAX_DELAY_MS {
+        let delay_ms = m.delay_ms.unwrap_or(0);
+        if delay_ms > crate::http::extract::MAX_DELAY_MS {
             return Err(ApiError::bad_request(format!(
                 "messages[{i}]: delay_ms must be at most 43200000 (12 h)"
             )));
@@ -97,7 +125,7 @@ pub fn parse_produce_batch(body: &[u8]) -> Result<Vec<NewMessage>, ApiError> {
             key: m.key,
             payload,
             headers,
-            delay_ms: m.delay_ms,
+            delay_ms,
         });
     }
     Ok(messages)
@@ -111,11 +139,16 @@ struct AckBatch {
     extend: Option<serde_json::Value>,
 }
 
-/// An ack batch body's handles, each with the body's one action.
+/// An ack batch body's handles, each with the body's one action: its `extend`, or when it
+/// has none (or null), `query_extend`, the query's (`?extend=true` with a body renews
+/// every handle).
 ///
 /// Errors: 400 for bad JSON, an unknown field, no handles or over [`MAX_BATCH_ENTRIES`],
 /// or an `extend` other than `true` or `0`.
-pub fn parse_ack_batch(body: &[u8]) -> Result<Vec<(String, Settle)>, ApiError> {
+pub fn parse_ack_batch(
+    body: &[u8],
+    query_extend: Option<&str>,
+) -> Result<Vec<(String, Settle)>, ApiError> {
     let batch: AckBatch = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid ack batch: {e}")))?;
     if batch.receipt_handles.is_empty() || batch.receipt_handles.len() > MAX_BATCH_ENTRIES {
@@ -124,10 +157,23 @@ pub fn parse_ack_batch(body: &[u8]) -> Result<Vec<(String, Settle)>, ApiError> {
         )));
     }
     // The same values as the query parameter, as JSON `true`, `0` or strings.
-    let extend = batch.extend.as_ref().map(|v| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    });
+    let body_extend = batch
+        .extend
+        .as_ref()
+        .filter(|v| !v.is_null())
+        .map(|v| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+    let extend = match (body_extend, query_extend) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "extend is given in both the query and the body: give it once",
+            ))
+        }
+        (Some(b), None) => Some(b),
+        (None, q) => q.map(str::to_owned),
+    };
     let action = parse_extend(extend.as_deref())?;
     let entries: Vec<(String, Settle)> = batch
         .receipt_handles

@@ -21,7 +21,8 @@ use crate::http::{ApiError, AppState};
 /// more; 503 when the acked-ahead window is full.
 ///
 /// Without `receipt_handle` in the query, the body is a batch:
-/// `{"receipt_handles":["h1","h2"],"extend":true|0}` (extend optional), answered 200 with
+/// `{"receipt_handles":["h1","h2"],"extend":true|0}` (extend optional, in the body or the
+/// query), answered 200 with
 /// `{"results":[{"status":204},{"status":410,"error":{...}}]}` in the same order.
 pub(in crate::http) async fn ack(
     State(s): State<AppState>,
@@ -35,10 +36,7 @@ pub(in crate::http) async fn ack(
     allow(&caller, Action::Consume, &name)?;
     let q = Query::parse(raw, &["receipt_handle", "extend"])?;
     let Some(handle) = q.get("receipt_handle") else {
-        if q.get("extend").is_some() {
-            return Err(ApiError::bad_request("receipt_handle is required"));
-        }
-        return ack_batch(s, name, headers, body).await;
+        return ack_batch(s, name, q.get("extend"), headers, body).await;
     };
     let action = parse_extend(q.get("extend"))?;
     s.broker.settle(&name, handle, action).await?;
@@ -48,6 +46,7 @@ pub(in crate::http) async fn ack(
 async fn ack_batch(
     s: AppState,
     name: String,
+    query_extend: Option<&str>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -57,7 +56,7 @@ async fn ack_batch(
             "receipt_handle is required (or a JSON body {\"receipt_handles\":[...]} to settle many)",
         ));
     }
-    let entries = parse_ack_batch(&body)?;
+    let entries = parse_ack_batch(&body, query_extend)?;
     let results = s.broker.settle_batch(&name, &entries).await?;
     let results = results.into_iter().map(EntryResult::settled).collect();
     Ok(Json(BatchResults { results }).into_response())
@@ -66,7 +65,7 @@ async fn ack_batch(
 /// `DELETE /v1/topics/{topic}/messages/{partition}/{offset}[?subscription=S]`: cancel one
 /// retained message (204): settled for every subscription, or only for `S`; delayed ones
 /// are never delivered, a live lease's handle then gets 410. 404 `message_not_found` when
-/// the offset is not retained. For every subscription it needs `produce` on the topic
+/// the offset is not retained (or the partition does not exist). For every subscription it needs `produce` on the topic
 /// (the producer takes back what it produced); for one, `consume` (as acking it would).
 pub(in crate::http) async fn cancel(
     State(s): State<AppState>,
