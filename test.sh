@@ -4,7 +4,8 @@
 # (installed and started by localstack/start.sh) and the whole suite again on S3, then the
 # conformance suite and the whole suite on SeaweedFS (seaweedfs/start.sh), schemathesis
 # against narad serve (tests/schemathesis.sh), the web console in headless Chromium
-# (tests/console.sh), then the narad-api Lambda function under cargo lambda watch on S3, and
+# (tests/console.sh), the Python and TypeScript clients (tests/python-client.sh,
+# tests/typescript-client.sh), then the narad-api Lambda function under cargo lambda watch on S3, and
 # cfn-lint on the SAM template.
 #
 # Every step runs even when an earlier one failed, so every suite reports. Each step prints
@@ -85,7 +86,12 @@ step "the same tests with conformance and the HTTP suite on SeaweedFS" "6 min (3
 # The OpenAPI document validated, and schemathesis against `narad serve` (tests/schemathesis.sh).
 step "API fuzzing (schemathesis against narad serve)" "1 min; 1 min more the first time" tests/schemathesis.sh
 # The web console in headless Chromium (tests/console.sh; installs chromium with apt if missing).
-step "web console (Selenium, headless Chromium)" "15 s; 2 min more the first time" tests/console.sh
+step "web console (Selenium, headless Chromium)" "30 s; 2 min more the first time" tests/console.sh
+# The clients in clients/, each installed as a user installs it and tested against a fresh
+# `narad serve`: worker loops, retries through a proxy answering 503, SIGTERM, and a check
+# that their operations and types match /openapi.json.
+step "Python client (pytest against narad serve)" "30 s; 1 min the first time" tests/python-client.sh
+step "TypeScript client (node --test against narad serve)" "30 s; 1 min the first time" tests/typescript-client.sh
 
 # The narad-api function, built by cargo-lambda and run by its Lambda runtime emulator
 # (up to 8 instances, each a separate process sharing the bucket prefix), gets the whole
