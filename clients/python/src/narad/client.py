@@ -384,12 +384,7 @@ class Client:
         ``wait`` long-polls (capped by the server, 10 s by default). Each message must be
         acked, extended or nacked before its topic's ``visibility_timeout_ms`` runs out.
         """
-        query = {
-            "wait": duration(wait) if wait is not None else None,
-            "max": max,
-            "subscription": subscription,
-            "partition": partition,
-        }
+        query = _lease_query(wait, max, subscription, partition)
         resp = self.request(
             "consume",
             topic=topic,
@@ -418,12 +413,7 @@ class Client:
         The acks' results come back in ``acks``: 204 acked, 410 gone, 503 unknown (ack again).
         """
         handles = [_handle(topic, h)[1] for h in ack]
-        query = {
-            "wait": duration(wait) if wait is not None else None,
-            "max": max,
-            "subscription": subscription,
-            "partition": partition,
-        }
+        query = _lease_query(wait, max, subscription, partition)
         resp = self.request(
             "consumeAcking",
             topic=topic,
@@ -640,3 +630,15 @@ __all__ = [
     "Lease",
     "duration",
 ]
+
+
+def _lease_query(
+    wait: Optional[Duration], max: Optional[int], subscription: Optional[str], partition: Optional[int]
+) -> Dict[str, Any]:
+    """The query of a consume that leases (``GET`` or ``POST``): ``None`` values are left out."""
+    return {
+        "wait": duration(wait) if wait is not None else None,
+        "max": max,
+        "subscription": subscription,
+        "partition": partition,
+    }
