@@ -2,83 +2,13 @@
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Iterator
 
 import pytest
 
 import narad
-
-FORWARDED_HEADERS = ("authorization", "content-type", "idempotency-key")
-
-
-class FaultyProxy:
-    """Forwards to ``upstream``, but answers 503 (``Retry-After``, JSON error body) to the
-    first ``failures`` requests whose path ends with ``suffix``. Logs (path, status) of those."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.suffix = "/ack"
-        self.failures = 0
-        self.retry_after = "1"
-        self.log: List[Tuple[str, int]] = []
-        self.lock = threading.Lock()
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                path = urllib.parse.urlsplit(self.path).path
-                watched = path.endswith(proxy.suffix)
-                with proxy.lock:
-                    fail = watched and proxy.failures > 0
-                    if fail:
-                        proxy.failures -= 1
-                if fail:
-                    status = 503
-                    data = json.dumps({"error": {"code": "acked_ahead_full", "message": "proxy says wait"}}).encode()
-                    out = {"Retry-After": proxy.retry_after, "Content-Type": "application/json"}
-                else:
-                    headers = {k: v for k, v in self.headers.items()
-                               if k.lower() in FORWARDED_HEADERS or k.lower().startswith("narad-header-")}
-                    req = urllib.request.Request(proxy.upstream + self.path, data=body,
-                                                 headers=headers, method=self.command)
-                    try:
-                        with urllib.request.urlopen(req, timeout=30) as r:
-                            status, rh, data = r.status, r.headers, r.read()
-                    except urllib.error.HTTPError as e:
-                        status, rh, data = e.code, e.headers, e.read()
-                    out = {k: rh[k] for k in ("Content-Type", "Retry-After", "X-Request-Id") if rh.get(k)}
-                if watched:  # logged before the client can see the answer
-                    with proxy.lock:
-                        proxy.log.append((path, status))
-                self.send_response(status)
-                for k, v in out.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from helpers import FaultyProxy
 
 
 @pytest.fixture
