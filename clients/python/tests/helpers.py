@@ -83,7 +83,8 @@ FORWARDED_HEADERS = ("authorization", "content-type", "idempotency-key")
 
 class FaultyProxy:
     """Forwards to ``upstream``, but answers 503 (``Retry-After``, JSON error body) to the
-    first ``failures`` requests whose path ends with ``suffix``. Logs (path, status) of those."""
+    first ``failures`` requests whose path ends with ``suffix`` (extends excepted). Logs
+    (path, status) of those."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
@@ -101,8 +102,10 @@ class FaultyProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                path = urllib.parse.urlsplit(self.path).path
-                watched = path.endswith(proxy.suffix)
+                parts = urllib.parse.urlsplit(self.path)
+                path = parts.path
+                # Heartbeats (POST .../ack?extend=true) are not acks: forwarded, not logged.
+                watched = path.endswith(proxy.suffix) and "extend=" not in parts.query
                 with proxy.lock:
                     fail = watched and proxy.failures > 0
                     if fail:

@@ -38,7 +38,10 @@ interface Lease<T> {
   message: NaradMessage<T>;
   handle: string;
   control: AbortController;
+  /** The handler finished (or was abandoned at the stop timeout). */
   done: boolean;
+  /** Acked or nacked: the heartbeat leaves it alone from then on. */
+  settled: boolean;
   lost: boolean;
 }
 
@@ -169,17 +172,18 @@ export class Worker<T = unknown> {
       handle: message.receipt_handle ?? "",
       control: new AbortController(),
       done: false,
+      settled: false,
       lost: false,
     }));
+    // The heartbeat runs until each lease is settled, not only while its handler runs: an
+    // ack retried after 503s for longer than the visibility timeout still finds it ours.
     const stopHeartbeat = this.heartbeat(leases, heartbeatMs);
     try {
       if (leases.length === 1) {
         const outcome = await this.handle(leases[0]);
-        stopHeartbeat();
         await this.settleOne(leases[0], outcome);
       } else {
         const outcomes = await Promise.all(leases.map((l) => this.handle(l)));
-        stopHeartbeat();
         await this.settleMany(leases, outcomes);
       }
     } finally {
@@ -219,12 +223,15 @@ export class Worker<T = unknown> {
     return raced;
   }
 
-  /** Extends every live lease every heartbeatMs; a 410 marks it lost and aborts its handler. */
+  /**
+   * Extends every unsettled lease every heartbeatMs; a 410 marks it lost and aborts its
+   * handler (once the handler is done, a 410 is left to the ack, which may have raced it).
+   */
   private heartbeat(leases: Lease<T>[], heartbeatMs: number): () => void {
     let stopped = false;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const beat = async () => {
-      const live = leases.filter((l) => !l.done && !l.lost);
+      const live = leases.filter((l) => !l.settled && !l.lost);
       if (!live.length) return;
       try {
         if (live.length === 1) {
@@ -272,6 +279,8 @@ export class Worker<T = unknown> {
       else await this.client.nack(this.topic, lease.handle);
     } catch (e) {
       this.reportSettleError(lease, outcome, e);
+    } finally {
+      lease.settled = true;
     }
   }
 
@@ -288,6 +297,8 @@ export class Worker<T = unknown> {
         });
       } catch (e) {
         for (const l of group) this.reportSettleError(l, extend === undefined ? "ok" : "failed", e);
+      } finally {
+        for (const l of group) l.settled = true;
       }
     }
   }

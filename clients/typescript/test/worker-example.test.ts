@@ -1,6 +1,8 @@
 // 2. examples/worker.mjs (≤ 10 lines, importing the built package) as a subprocess: a handler
 // that throws gets its message back (delivery_count 2); a handler that runs 3× the visibility
-// timeout keeps its lease (heartbeats), nobody else gets the message meanwhile, its ack is 204.
+// timeout keeps its lease (heartbeats), nobody else gets the message meanwhile, its ack is 204;
+// its ack, answered 503 + Retry-After by a proxy three times, is retried until 204 and the
+// message not delivered again; SIGTERM mid-handler exits 0 and a second run drains the rest.
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync, mkdtempSync, rmSync } from "node:fs";
@@ -82,4 +84,96 @@ test("a handler that runs 3× the visibility timeout keeps its lease; its ack an
     await proxy.close();
     assert.equal(exit.code, 0, w.stderr());
   }
+});
+
+test("an ack that meets 503 is retried until 204", async () => {
+  const topic = uniqueTopic("ex-ack503");
+  // The ~3 s of ack retries outlast the 1 s lease: the worker keeps heartbeating until the ack
+  // is answered, so the fourth ack still finds the lease ours (a worker that stopped at the
+  // handler's return got 410 here, and the message came back).
+  const visibility = 1000;
+  await c.createTopic(topic, { visibility_timeout_ms: visibility });
+  const N = 3;
+  let injected = 0;
+  // The first N acks (POST /ack without `extend`) answer 503 + Retry-After: 1 + a JSON error;
+  // heartbeats, consumes and everything else go through to the server.
+  const proxy = await startProxy((method, url) => {
+    if (method !== "POST" || !url.includes("/ack?") || url.includes("extend=") || injected >= N) return undefined;
+    injected++;
+    return {
+      status: 503,
+      headers: { "retry-after": "1" },
+      body: JSON.stringify({ error: { code: "acked_ahead_full", message: "injected by the test proxy" } }),
+    };
+  });
+  const w = startExample(topic, `${dir}/ack503.out`, proxy.url);
+  try {
+    await c.produce(topic, { id: 3 });
+    const line = await until("the job's line", 15_000, () => w.lines().find((l) => l.id === 3));
+    assert.equal(line.delivery_count, 1);
+    const acks = () => proxy.seen.filter((s) => s.method === "POST" && s.url.includes("/ack?") && !s.url.includes("extend="));
+    // Until an ack got something other than 503, or the worker gave up on the ack (it logs that).
+    await until("the acks to end in a 204", 20_000, () => acks().some((a) => a.status !== 503 && a.status !== 0) || /\back of .*(failed|got 410)/.test(w.stderr()));
+    assert.deepEqual(acks().map((a) => a.status), [503, 503, 503, 204], w.stderr());
+    const [firstAck, acked] = [acks()[0].at, acks()[N].at];
+    assert.ok(acked - firstAck >= (N - 1) * 1000, "Retry-After: 1 was honoured between the retries");
+    await until("nothing unsettled", 5_000, async () => allSettled(await settledState(c, topic)));
+    // Past the point where the lease (granted before the first ack) would have lapsed had the
+    // ack been lost, the example (still polling) has not got the message again, nor anybody else.
+    await sleep(Math.max(0, firstAck + visibility + 500 - Date.now()));
+    assert.deepEqual(w.lines().map((l) => l.id), [3], "printed once: not delivered again");
+    assert.equal(await c.consume(topic, { wait: 0 }), null, "acked: never delivered again");
+    assert.ok(allSettled(await settledState(c, topic)), JSON.stringify(await settledState(c, topic)));
+  } finally {
+    w.child.kill("SIGTERM");
+    const exit = await w.exited;
+    await proxy.close();
+    assert.equal(exit.code, 0, w.stderr());
+  }
+});
+
+test("SIGTERM stops it without losing a message", async () => {
+  const topic = uniqueTopic("ex-sigterm");
+  const M = 6;
+  const jobMs = 800;
+  await c.createTopic(topic, { visibility_timeout_ms: 10_000 });
+  const produced = await c.produceBatch(topic, Array.from({ length: M }, (_, id) => ({ payload: { id, sleep_ms: jobMs, fail_first: false } })));
+  assert.ok(produced.every((r) => r.status === 201), JSON.stringify(produced));
+  // Through a recording proxy, to know when the second job's lease was granted (its handler is
+  // then running for jobMs) without guessing with a sleep.
+  const proxy = await startProxy();
+  const first = startExample(topic, `${dir}/sigterm1.out`, proxy.url);
+  let signalledAt = 0;
+  let exit: { code: number | null; signal: string | null; at: number };
+  try {
+    await until("the first line", 15_000, () => first.lines().length >= 1);
+    const leases = () => proxy.seen.filter((s) => s.url.includes("/consume") && s.status === 200).length;
+    await until("the second job's lease", 10_000, () => leases() >= 2);
+    assert.equal(first.lines().length, 1, "the second job's handler must still be running");
+    signalledAt = Date.now();
+    first.child.kill("SIGTERM");
+    exit = await Promise.race([first.exited, sleep(jobMs + 10_000).then(() => ({ code: null, signal: "timeout", at: Date.now() }))]);
+  } finally {
+    first.child.kill("SIGKILL");
+    await proxy.close();
+  }
+  assert.equal(exit.signal, null, `not a clean exit (${exit.signal}): ${first.stderr()}`);
+  assert.equal(exit.code, 0, first.stderr());
+  assert.ok(exit.at - signalledAt < jobMs + 5000, `exit took ${exit.at - signalledAt} ms after SIGTERM`);
+  const done1 = first.lines();
+  assert.ok(done1.length >= 2, "the job in hand at SIGTERM was finished");
+  assert.ok(done1.length < M, "it stopped consuming after SIGTERM");
+
+  const second = startExample(topic, `${dir}/sigterm2.out`);
+  try {
+    await until("every id printed", 30_000, () => new Set([...done1, ...second.lines()].map((l) => l.id)).size === M);
+    await until("nothing unsettled", 10_000, async () => allSettled(await settledState(c, topic)));
+  } finally {
+    second.child.kill("SIGTERM");
+  }
+  const exit2 = await second.exited;
+  assert.equal(exit2.code, 0, second.stderr());
+  const ids = [...new Set([...done1, ...second.lines()].map((l) => l.id))].sort((a, b) => a - b);
+  assert.deepEqual(ids, Array.from({ length: M }, (_, i) => i));
+  assert.ok(allSettled(await settledState(c, topic)), JSON.stringify(await settledState(c, topic)));
 });

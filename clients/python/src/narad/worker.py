@@ -2,8 +2,9 @@
 
 :class:`Worker` long-polls a topic, runs your handler on each message (or, with
 ``batch=True``, on each batch) in a thread of its own, and meanwhile heartbeats the lease
-(``extend=true``) every third of the visibility timeout. When the handler returns, the
-message is acked; when it raises, the exception is logged and the message nacked
+(``extend=true``) every third of the visibility timeout, until the message is settled (an ack
+retried after 503s keeps its lease). When the handler returns, the message is acked; when it
+raises, the exception is logged and the message nacked
 (``extend=0``), so it is delivered again at once. A 410 on an ack or extend is logged and
 skipped: the lease lapsed and the message is someone else's now (handlers must tolerate
 duplicates). Acks, extends and nacks are retried on 503 by the client.
@@ -170,7 +171,12 @@ class Worker:
     ) -> None:
         leased = list(messages) + list(also_heartbeat)
         gone: Set[Optional[str]] = set()
-        done = threading.Event()
+        done = threading.Event()  # the handler returned or raised
+        # Heartbeats go on until the messages are settled, not only while the handler runs:
+        # an ack retried after 503s for longer than the visibility timeout still finds the
+        # lease ours.
+        settling = threading.Event()  # a 410 from now on may be our own ack racing the extend
+        released = threading.Event()  # settled: the heartbeat ends
         outcome: List[Optional[BaseException]] = []
 
         def call() -> None:
@@ -184,13 +190,15 @@ class Worker:
 
         def beat() -> None:
             assert self.heartbeat is not None
-            while not done.wait(self.heartbeat):
+            while not released.wait(self.heartbeat):
                 for m in leased:
-                    if m.receipt_handle in gone:
+                    if m.receipt_handle in gone or released.is_set():
                         continue
                     try:
                         self.client.extend(m)
                     except Gone as e:
+                        if settling.is_set():
+                            continue  # settled meanwhile; a lease truly lost shows in the ack
                         gone.add(m.receipt_handle)
                         log.warning(
                             "narad worker: lease of %s/%d/%d lost (%s); its work may run twice",
@@ -211,26 +219,28 @@ class Worker:
                         "narad worker: handler still running %.1fs after stop; nacking",
                         self.stop_timeout,
                     )
-                    done.set()  # ends the heartbeat; the handler thread is abandoned
-                    beater.join()
+                    # The handler thread is abandoned.
+                    settling.set()
                     self._settle([m for m in messages if m.receipt_handle not in gone], "nack")
                     self._stop.set()
                     return
+            settling.set()
+            live = [m for m in messages if m.receipt_handle not in gone]
+            error = outcome[0] if outcome else None
+            if error is None:
+                self._settle(live, "ack")
+            else:
+                first = messages[0]
+                log.error(
+                    "narad worker: handler failed on %s/%d/%d (delivery %d); nacking",
+                    first.topic, first.partition, first.offset, first.delivery_count,
+                    exc_info=(type(error), error, error.__traceback__),
+                )
+                self._settle(live, "nack")
         finally:
-            done.set()
-        beater.join()
-        live = [m for m in messages if m.receipt_handle not in gone]
-        error = outcome[0] if outcome else None
-        if error is None:
-            self._settle(live, "ack")
-        else:
-            first = messages[0]
-            log.error(
-                "narad worker: handler failed on %s/%d/%d (delivery %d); nacking",
-                first.topic, first.partition, first.offset, first.delivery_count,
-                exc_info=(type(error), error, error.__traceback__),
-            )
-            self._settle(live, "nack")
+            released.set()
+            # Bounded: an extend in progress may be retrying 503s; a late one is harmless.
+            beater.join(timeout=5.0)
 
     def _settle(self, messages: Sequence[Message], how: str) -> None:
         if not messages:
