@@ -26,10 +26,13 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use rand::Rng;
-use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use reqwest::{RequestBuilder, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
+
+mod operation;
+pub use operation::Operation;
 
 /// The longest `Retry-After` the client waits for.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -443,6 +446,48 @@ impl ConsumeOptions {
     }
 }
 
+/// What [`Client::redrive`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Redriven {
+    /// Messages moved back to where they came from.
+    pub moved: u64,
+    /// Messages that could not be moved (their origin is gone or refused them).
+    pub failed: u64,
+}
+
+/// What [`Client::whoami`] answers: the caller and its grants.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Whoami {
+    /// The user name.
+    pub user: String,
+    /// Its grants; a full-rights user holds the one grant `*` with every action.
+    pub grants: Vec<Grant>,
+}
+
+/// One grant: a topic pattern and what it allows there.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Grant {
+    /// A topic name, or a prefix ending in `*`.
+    pub topics: String,
+    /// What it allows.
+    pub actions: Vec<GrantAction>,
+}
+
+/// What a grant allows on its topics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GrantAction {
+    /// Produce and produce-batch.
+    Produce,
+    /// Consume, replay, ack, extend, nack.
+    Consume,
+    /// Create, change, delete, purge, redrive.
+    Admin,
+    /// An action a newer server knows and this client does not.
+    #[serde(other)]
+    Other,
+}
+
 /// What [`Client::consume_acking`] answers.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Consumed {
@@ -531,8 +576,12 @@ impl Client {
         &self.base
     }
 
-    fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let r = self.http.request(method, format!("{}{path}", self.base));
+    /// A request for `op`, its path filled with `params` in the template's order.
+    fn request(&self, op: Operation, params: &[&str]) -> RequestBuilder {
+        let (_, method, _) = op.spec();
+        let r = self
+            .http
+            .request(method, format!("{}{}", self.base, op.path(params)));
         match &self.auth {
             Some((u, p)) => r.basic_auth(u, Some(p)),
             None => r,
@@ -578,7 +627,7 @@ impl Client {
                 if let Some(a) = after {
                     q.push(("after", a.to_owned()));
                 }
-                self.request(Method::GET, "/v1/topics").query(&q)
+                self.request(Operation::ListTopics, &[]).query(&q)
             })
             .await?;
         json(r).await
@@ -600,9 +649,8 @@ impl Client {
 
     /// A topic's settings and per-partition state.
     pub async fn get_topic(&self, name: &str) -> Result<Topic> {
-        let path = topic_path(name, "");
         let r = self
-            .send(Retry::Yes, || self.request(Method::GET, &path))
+            .send(Retry::Yes, || self.request(Operation::GetTopic, &[name]))
             .await?;
         json(r).await
     }
@@ -610,11 +658,11 @@ impl Client {
     /// Creates a topic with `settings` (a JSON object, every field optional). Returns
     /// whether it was created (false: it existed with the same settings) and the topic.
     pub async fn create_topic(&self, name: &str, settings: &Value) -> Result<Created<Topic>> {
-        let path = topic_path(name, "");
         let body = settings.to_string();
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::PUT, &path).body(body.clone())
+                self.request(Operation::CreateTopic, &[name])
+                    .body(body.clone())
             })
             .await?;
         let created = r.status() == StatusCode::CREATED;
@@ -626,11 +674,11 @@ impl Client {
 
     /// Changes the settings that can change.
     pub async fn patch_topic(&self, name: &str, settings: &Value) -> Result<Topic> {
-        let path = topic_path(name, "");
         let body = settings.to_string();
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::PATCH, &path).body(body.clone())
+                self.request(Operation::ChangeTopic, &[name])
+                    .body(body.clone())
             })
             .await?;
         json(r).await
@@ -638,8 +686,7 @@ impl Client {
 
     /// Deletes a topic and all its messages.
     pub async fn delete_topic(&self, name: &str) -> Result<()> {
-        let path = topic_path(name, "");
-        self.send(Retry::Yes, || self.request(Method::DELETE, &path))
+        self.send(Retry::Yes, || self.request(Operation::DeleteTopic, &[name]))
             .await?;
         Ok(())
     }
@@ -650,11 +697,32 @@ impl Client {
         struct Purged {
             purged: u64,
         }
-        let path = topic_path(name, "/purge");
         let r = self
-            .send(Retry::Yes, || self.request(Method::POST, &path))
+            .send(Retry::Yes, || self.request(Operation::PurgeTopic, &[name]))
             .await?;
         Ok(json::<Purged>(r).await?.purged)
+    }
+
+    /// Moves up to `max` (1–1000, the server's default 1000 when `None`) messages of the
+    /// dead-letter topic `name` back where their `narad-source-*` headers say they came
+    /// from, idempotently.
+    pub async fn redrive(&self, name: &str, max: Option<u32>) -> Result<Redriven> {
+        let r = self
+            .send(Retry::Yes, || {
+                let q: Vec<(&str, String)> =
+                    max.map(|m| ("max", m.to_string())).into_iter().collect();
+                self.request(Operation::Redrive, &[name]).query(&q)
+            })
+            .await?;
+        json(r).await
+    }
+
+    /// The caller's user name and grants.
+    pub async fn whoami(&self) -> Result<Whoami> {
+        let r = self
+            .send(Retry::Yes, || self.request(Operation::Whoami, &[]))
+            .await?;
+        json(r).await
     }
 
     /// Appends one message (its raw bytes). Retried on 503 only with an idempotency key.
@@ -664,7 +732,6 @@ impl Client {
         payload: impl Into<Bytes>,
         opts: &ProduceOptions,
     ) -> Result<Produced> {
-        let path = topic_path(topic, "/produce");
         let payload: Bytes = payload.into();
         let retry = if opts.idempotency_key.is_some() {
             Retry::Yes
@@ -684,7 +751,7 @@ impl Client {
                     q.push(("delay", d.clone()));
                 }
                 let mut req = self
-                    .request(Method::POST, &path)
+                    .request(Operation::Produce, &[topic])
                     .query(&q)
                     .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
                     .body(payload.clone());
@@ -715,7 +782,6 @@ impl Client {
         struct Results {
             results: Vec<EntryResult>,
         }
-        let path = topic_path(topic, "/produce-batch");
         let body =
             serde_json::to_string(&Body { messages }).map_err(|e| Error::Invalid(e.to_string()))?;
         let retry = if messages.iter().all(|m| m.idempotency_key.is_some()) {
@@ -725,7 +791,7 @@ impl Client {
         };
         let r = self
             .send(retry, || {
-                self.request(Method::POST, &path)
+                self.request(Operation::ProduceBatch, &[topic])
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
             })
@@ -735,10 +801,10 @@ impl Client {
 
     /// Leases a message (or up to `max`); empty when nothing turned up within `wait`.
     pub async fn consume(&self, topic: &str, opts: &ConsumeOptions) -> Result<Vec<Message>> {
-        let path = topic_path(topic, "/consume");
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::GET, &path).query(&opts.query())
+                self.request(Operation::Consume, &[topic])
+                    .query(&opts.query())
             })
             .await?;
         if r.status() == StatusCode::NO_CONTENT {
@@ -766,11 +832,10 @@ impl Client {
         opts: &ConsumeOptions,
         acks: &[String],
     ) -> Result<Consumed> {
-        let path = topic_path(topic, "/consume");
         let body = serde_json::json!({ "ack": acks }).to_string();
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::POST, &path)
+                self.request(Operation::ConsumeAcking, &[topic])
                     .query(&opts.query())
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
@@ -788,7 +853,6 @@ impl Client {
         offset: u64,
         wait: Option<Duration>,
     ) -> Result<Option<Message>> {
-        let path = topic_path(topic, "/consume");
         let r = self
             .send(Retry::Yes, || {
                 let mut q = vec![
@@ -798,7 +862,7 @@ impl Client {
                 if let Some(w) = wait {
                     q.push(("wait", format!("{}ms", w.as_millis())));
                 }
-                self.request(Method::GET, &path).query(&q)
+                self.request(Operation::Consume, &[topic]).query(&q)
             })
             .await?;
         if r.status() == StatusCode::NO_CONTENT {
@@ -810,13 +874,12 @@ impl Client {
     /// Acks, extends or nacks one lease. 503s are retried (an ack dropped on the floor
     /// becomes a redelivery); a 410 means the lease is gone (the work may run twice).
     pub async fn settle(&self, topic: &str, receipt_handle: &str, action: Settle) -> Result<()> {
-        let path = topic_path(topic, "/ack");
         self.send(Retry::Yes, || {
             let mut q = vec![("receipt_handle", receipt_handle.to_owned())];
             if let Some(e) = action.query() {
                 q.push(("extend", e));
             }
-            self.request(Method::POST, &path).query(&q)
+            self.request(Operation::Ack, &[topic]).query(&q)
         })
         .await?;
         Ok(())
@@ -844,7 +907,6 @@ impl Client {
         struct Results {
             results: Vec<EntryResult>,
         }
-        let path = topic_path(topic, "/ack");
         let body = serde_json::to_string(&Body {
             receipt_handles,
             extend: action.query(),
@@ -852,7 +914,7 @@ impl Client {
         .map_err(|e| Error::Invalid(e.to_string()))?;
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::POST, &path)
+                self.request(Operation::Ack, &[topic])
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
             })
@@ -884,11 +946,11 @@ impl Client {
         name: &str,
         settings: &Value,
     ) -> Result<Created<Subscription>> {
-        let path = subscription_path(topic, name);
         let body = settings.to_string();
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::PUT, &path).body(body.clone())
+                self.request(Operation::CreateSubscription, &[topic, name])
+                    .body(body.clone())
             })
             .await?;
         let created = r.status() == StatusCode::CREATED;
@@ -904,18 +966,20 @@ impl Client {
         struct List {
             subscriptions: Vec<Subscription>,
         }
-        let path = topic_path(topic, "/subscriptions");
         let r = self
-            .send(Retry::Yes, || self.request(Method::GET, &path))
+            .send(Retry::Yes, || {
+                self.request(Operation::ListSubscriptions, &[topic])
+            })
             .await?;
         Ok(json::<List>(r).await?.subscriptions)
     }
 
     /// One subscription, with its per-partition figures.
     pub async fn get_subscription(&self, topic: &str, name: &str) -> Result<Subscription> {
-        let path = subscription_path(topic, name);
         let r = self
-            .send(Retry::Yes, || self.request(Method::GET, &path))
+            .send(Retry::Yes, || {
+                self.request(Operation::GetSubscription, &[topic, name])
+            })
             .await?;
         json(r).await
     }
@@ -927,11 +991,11 @@ impl Client {
         name: &str,
         settings: &Value,
     ) -> Result<Subscription> {
-        let path = subscription_path(topic, name);
         let body = settings.to_string();
         let r = self
             .send(Retry::Yes, || {
-                self.request(Method::PATCH, &path).body(body.clone())
+                self.request(Operation::PatchSubscription, &[topic, name])
+                    .body(body.clone())
             })
             .await?;
         json(r).await
@@ -939,9 +1003,10 @@ impl Client {
 
     /// Deletes a subscription and its state.
     pub async fn delete_subscription(&self, topic: &str, name: &str) -> Result<()> {
-        let path = subscription_path(topic, name);
-        self.send(Retry::Yes, || self.request(Method::DELETE, &path))
-            .await?;
+        self.send(Retry::Yes, || {
+            self.request(Operation::DeleteSubscription, &[topic, name])
+        })
+        .await?;
         Ok(())
     }
 
@@ -954,43 +1019,18 @@ impl Client {
         offset: u64,
         subscription: Option<&str>,
     ) -> Result<()> {
-        let path = topic_path(topic, &format!("/messages/{partition}/{offset}"));
+        let (partition, offset) = (partition.to_string(), offset.to_string());
         self.send(Retry::Yes, || {
             let q: Vec<(&str, &str)> = subscription
                 .map(|s| ("subscription", s))
                 .into_iter()
                 .collect();
-            self.request(Method::DELETE, &path).query(&q)
+            self.request(Operation::CancelMessage, &[topic, &partition, &offset])
+                .query(&q)
         })
         .await?;
         Ok(())
     }
-}
-
-/// A path segment percent-encoded as [`topic_path`] encodes a topic name.
-fn encode_segment(name: &str) -> String {
-    topic_path(name, "")
-        .trim_start_matches("/v1/topics/")
-        .to_owned()
-}
-
-/// `/v1/topics/{topic}/subscriptions/{name}`, both encoded.
-fn subscription_path(topic: &str, name: &str) -> String {
-    topic_path(topic, &format!("/subscriptions/{}", encode_segment(name)))
-}
-
-/// `/v1/topics/{name}{rest}`, the name percent-encoded (a valid name needs none; an
-/// invalid one reaches the server intact and gets its 400).
-fn topic_path(name: &str, rest: &str) -> String {
-    let mut enc = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
-            enc.push(b as char);
-        } else {
-            enc.push_str(&format!("%{b:02X}"));
-        }
-    }
-    format!("/v1/topics/{enc}{rest}")
 }
 
 async fn json<T: serde::de::DeserializeOwned>(r: Response) -> Result<T> {
@@ -1097,16 +1137,6 @@ mod tests {
             m.payload_encoding,
             Some("base64"),
             "whitespace would be lost"
-        );
-    }
-
-    #[test]
-    fn topic_names_are_encoded_into_paths() {
-        assert_eq!(topic_path("orders", "/ack"), "/v1/topics/orders/ack");
-        assert_eq!(topic_path("a/b c", ""), "/v1/topics/a%2Fb%20c");
-        assert_eq!(
-            subscription_path("orders", "bill ing"),
-            "/v1/topics/orders/subscriptions/bill%20ing"
         );
     }
 }

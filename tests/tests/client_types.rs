@@ -1,9 +1,12 @@
 //! narad-client's typed responses read what this server sends, field for field: nothing
 //! it knows is left in `other` (a field renamed on one side would land there and read as
-//! its default on the other) and the figures are the server's.
+//! its default on the other) and the figures are the server's; and the operations it calls
+//! are the OpenAPI document's, both ways.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use narad_client::{Client, ConsumeOptions, ProduceOptions};
+use std::collections::BTreeMap;
+
+use narad_client::{Client, ConsumeOptions, GrantAction, Operation, ProduceOptions, Redriven};
 use narad_tests::{Server, PASS, USER};
 use serde_json::json;
 
@@ -92,4 +95,50 @@ async fn the_clients_types_read_every_field_the_server_sends() {
         p1.other
     );
     assert_eq!((p1.frontier, p1.next_offset, p1.available), (0, 2, 2));
+
+    let me = c.whoami().await.unwrap();
+    assert_eq!(me.user, USER);
+    assert_eq!(me.grants.len(), 1);
+    assert_eq!(me.grants[0].topics, "*");
+    assert_eq!(
+        me.grants[0].actions,
+        [
+            GrantAction::Produce,
+            GrantAction::Consume,
+            GrantAction::Admin
+        ]
+    );
+    assert_eq!(
+        c.redrive("typed-dlq", Some(10)).await.unwrap(),
+        Redriven {
+            moved: 0,
+            failed: 0
+        }
+    );
+}
+
+/// Every operation narad-client calls is in the OpenAPI document with the same method and
+/// path, and every `/v1` operation of the document is one the client calls.
+#[test]
+fn the_clients_operations_are_the_documents() {
+    let doc: serde_json::Value = serde_json::from_str(narad_shared::http::OPENAPI).unwrap();
+    let mut documented = BTreeMap::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for (method, op) in ops.as_object().unwrap() {
+            if let Some(id) = op.get("operationId").and_then(|v| v.as_str()) {
+                documented.insert(id.to_owned(), (method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    let called: BTreeMap<String, (String, String)> = Operation::ALL
+        .iter()
+        .map(|o| {
+            let (id, method, path) = o.spec();
+            (id.to_owned(), (method.as_str().to_owned(), path.to_owned()))
+        })
+        .collect();
+    assert_eq!(called, documented);
 }
