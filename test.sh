@@ -91,7 +91,7 @@ step "web console (Selenium, headless Chromium)" "30 s; 2 min more the first tim
 # `narad serve`: worker loops, retries through a proxy answering 503, SIGTERM, and a check
 # that their operations and types match /openapi.json.
 step "Python client (pytest against narad serve)" "30 s; 1 min the first time" tests/python-client.sh
-step "TypeScript client (node --test against narad serve)" "30 s; 1 min the first time" tests/typescript-client.sh
+step "TypeScript client (node --test against narad serve)" "15 s; 1 min the first time" tests/typescript-client.sh
 
 # The narad-api function, built by cargo-lambda and run by its Lambda runtime emulator
 # (up to 8 instances, each a separate process sharing the bucket prefix), gets the whole
