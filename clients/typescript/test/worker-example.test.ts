@@ -2,7 +2,7 @@
 // that throws gets its message back (delivery_count 2); a handler that runs 3× the visibility
 // timeout keeps its lease (heartbeats), nobody else gets the message meanwhile, its ack is 204;
 // its ack, answered 503 + Retry-After by a proxy three times, is retried until 204 and the
-// message not delivered again; SIGTERM mid-handler exits 0 and a second run drains the rest.
+// message not delivered again. (SIGTERM on this same example: sigterm.test.ts.)
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync, mkdtempSync, rmSync } from "node:fs";
@@ -132,48 +132,4 @@ test("an ack that meets 503 is retried until 204", async () => {
   }
 });
 
-test("SIGTERM stops it without losing a message", async () => {
-  const topic = uniqueTopic("ex-sigterm");
-  const M = 6;
-  const jobMs = 800;
-  await c.createTopic(topic, { visibility_timeout_ms: 10_000 });
-  const produced = await c.produceBatch(topic, Array.from({ length: M }, (_, id) => ({ payload: { id, sleep_ms: jobMs, fail_first: false } })));
-  assert.ok(produced.every((r) => r.status === 201), JSON.stringify(produced));
-  // Through a recording proxy, to know when the second job's lease was granted (its handler is
-  // then running for jobMs) without guessing with a sleep.
-  const proxy = await startProxy();
-  const first = startExample(topic, `${dir}/sigterm1.out`, proxy.url);
-  let signalledAt = 0;
-  let exit: { code: number | null; signal: string | null; at: number };
-  try {
-    await until("the first line", 15_000, () => first.lines().length >= 1);
-    const leases = () => proxy.seen.filter((s) => s.url.includes("/consume") && s.status === 200).length;
-    await until("the second job's lease", 10_000, () => leases() >= 2);
-    assert.equal(first.lines().length, 1, "the second job's handler must still be running");
-    signalledAt = Date.now();
-    first.child.kill("SIGTERM");
-    exit = await Promise.race([first.exited, sleep(jobMs + 10_000).then(() => ({ code: null, signal: "timeout", at: Date.now() }))]);
-  } finally {
-    first.child.kill("SIGKILL");
-    await proxy.close();
-  }
-  assert.equal(exit.signal, null, `not a clean exit (${exit.signal}): ${first.stderr()}`);
-  assert.equal(exit.code, 0, first.stderr());
-  assert.ok(exit.at - signalledAt < jobMs + 5000, `exit took ${exit.at - signalledAt} ms after SIGTERM`);
-  const done1 = first.lines();
-  assert.ok(done1.length >= 2, "the job in hand at SIGTERM was finished");
-  assert.ok(done1.length < M, "it stopped consuming after SIGTERM");
-
-  const second = startExample(topic, `${dir}/sigterm2.out`);
-  try {
-    await until("every id printed", 30_000, () => new Set([...done1, ...second.lines()].map((l) => l.id)).size === M);
-    await until("nothing unsettled", 10_000, async () => allSettled(await settledState(c, topic)));
-  } finally {
-    second.child.kill("SIGTERM");
-  }
-  const exit2 = await second.exited;
-  assert.equal(exit2.code, 0, second.stderr());
-  const ids = [...new Set([...done1, ...second.lines()].map((l) => l.id))].sort((a, b) => a - b);
-  assert.deepEqual(ids, Array.from({ length: M }, (_, i) => i));
-  assert.ok(allSettled(await settledState(c, topic)), JSON.stringify(await settledState(c, topic)));
-});
+// SIGTERM on this same example is sigterm.test.ts.
