@@ -57,6 +57,14 @@ export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=test AWS_SECRET_
 export AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 run_id="run-$(date +%s)-$$"
 
+# A cold run fills about 6 GB (target/ with CARGO_INCREMENTAL=0 as .ci/run sets, and the
+# tools); a full disk fails every later step with errors far from the cause, so say so first.
+free_mb=$(df -Pm . | awk 'NR == 2 { print $4 }')
+printf '== disk: %s MB free here\n' "$free_mb"
+if [[ "$free_mb" =~ ^[0-9]+$ ]] && ((free_mb < 8000)); then
+    printf '== WARNING: under 8 GB free; a cold run needs about 6 GB, so steps may fail for want of disk\n'
+fi
+
 step "formatting (cargo fmt --check)" "1 s" cargo fmt --all -- --check
 step "lints (cargo clippy -D warnings)" "5 s warm; 9 min cold" cargo clippy --workspace --all-targets -- -D warnings
 step "LocalStack S3 (localstack/start.sh)" "2 s; 1 min the first time" localstack/start.sh
