@@ -104,7 +104,8 @@ enum Command {
     },
     /// Benchmark a server on a store: throughput, latency, storage requests per message.
     Bench(bench::BenchArgs),
-    /// Topics on a server (NARAD_URL, NARAD_AUTH): list, get, create, patch, delete.
+    /// Topics on a server (NARAD_URL, NARAD_AUTH): list, get, create, patch, delete, purge,
+    /// redrive.
     Topics {
         #[command(subcommand)]
         cmd: remote::TopicsCmd,
@@ -128,6 +129,11 @@ enum Command {
     /// Cancel one retained message (by partition and offset) for every subscription, or
     /// one (--subscription): a delayed message is then never delivered.
     Cancel(remote::CancelArgs),
+    /// Who the server takes the caller for, and the caller's grants, as JSON.
+    Whoami {
+        #[command(flatten)]
+        conn: remote::Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -199,6 +205,7 @@ async fn main() -> ExitCode {
         Command::Replay(args) => remote::replay(args).await,
         Command::Subscriptions { cmd, conn } => remote::subscriptions(cmd, conn).await,
         Command::Cancel(args) => remote::cancel(args).await,
+        Command::Whoami { conn } => remote::whoami(conn).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

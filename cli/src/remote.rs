@@ -1,4 +1,4 @@
-//! The client subcommands: `narad topics|subscriptions|produce|consume|replay|cancel`, on
+//! The client subcommands: `narad topics|subscriptions|produce|consume|replay|cancel|whoami`, on
 //! [`narad_client`], against the server at `--url` / `NARAD_URL` with `--auth` /
 //! `NARAD_AUTH`. `narad consume --exec` runs in [`crate::exec`]. docs/decisions.md ("The command-line client") records the choices.
 
@@ -79,6 +79,15 @@ pub(crate) enum TopicsCmd {
     Purge {
         /// Topic.
         topic: String,
+    },
+    /// Move dead letters back to the topic, partition and subscription their
+    /// `narad-source-*` headers name; prints `{"moved":M,"failed":F}`.
+    Redrive {
+        /// The dead-letter topic.
+        topic: String,
+        /// At most this many messages (1–1000; the server's default is 1000).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        max: Option<u32>,
     },
 }
 
@@ -320,8 +329,15 @@ pub(crate) async fn topics(cmd: TopicsCmd, conn: Conn) -> Result<(), String> {
             let purged = c.purge_topic(&topic).await.map_err(e)?;
             print_json(&serde_json::json!({ "purged": purged }))?;
         }
+        TopicsCmd::Redrive { topic, max } => print_json(&c.redrive(&topic, max).await.map_err(e)?)?,
     }
     Ok(())
+}
+
+/// `narad whoami`: the caller's user name and grants, as the server sees them.
+pub(crate) async fn whoami(conn: Conn) -> Result<(), String> {
+    let c = conn.client()?;
+    print_json(&c.whoami().await.map_err(|e| e.to_string())?)
 }
 
 /// `narad produce ...`

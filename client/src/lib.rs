@@ -447,7 +447,7 @@ impl ConsumeOptions {
 }
 
 /// What [`Client::redrive`] answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Redriven {
     /// Messages moved back to where they came from.
     pub moved: u64,
@@ -456,7 +456,7 @@ pub struct Redriven {
 }
 
 /// What [`Client::whoami`] answers: the caller and its grants.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Whoami {
     /// The user name.
     pub user: String,
@@ -465,7 +465,7 @@ pub struct Whoami {
 }
 
 /// One grant: a topic pattern and what it allows there.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     /// A topic name, or a prefix ending in `*`.
     pub topics: String,
@@ -474,7 +474,7 @@ pub struct Grant {
 }
 
 /// What a grant allows on its topics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GrantAction {
     /// Produce and produce-batch.
@@ -483,7 +483,7 @@ pub enum GrantAction {
     Consume,
     /// Create, change, delete, purge, redrive.
     Admin,
-    /// An action a newer server knows and this client does not.
+    /// An action a newer server knows and this client does not (written back as `other`).
     #[serde(other)]
     Other,
 }

@@ -354,3 +354,72 @@ async fn the_command_line_client_manages_subscriptions_and_cancels() {
     assert!(!run(&["subscriptions", "get", "fan", "audit"]).await.0);
     server.kill().await;
 }
+
+/// `narad whoami` prints the caller and its grants; `narad topics redrive` moves a dead
+/// letter back to its topic, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_client_says_who_calls_and_redrives_dead_letters() {
+    if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+        return;
+    }
+    let (url, _dir) = narad_tests::test_store_url();
+    let server = Process::start(&url, free_port(), &[]).await;
+    let base = server.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let run = |args: &'static [&'static str]| narad(&base, dir, args, None);
+    let (ok, out) = run(&["whoami"]).await;
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["user"], USER, "{v}");
+    assert_eq!(
+        v["grants"],
+        serde_json::json!([{"topics": "*", "actions": ["produce", "consume", "admin"]}]),
+        "{v}"
+    );
+    assert!(run(&["topics", "create", "jobs-dlq"]).await.0);
+    assert!(
+        run(&[
+            "topics",
+            "create",
+            "jobs",
+            r#"{"max_deliveries":1,"dead_letter_topic":"jobs-dlq"}"#
+        ])
+        .await
+        .0
+    );
+    assert!(run(&["produce", "jobs", "poison"]).await.0);
+    // The command fails, so the message goes back; its next lease parks it.
+    assert!(
+        run(&["consume", "jobs", "--exec", "exit 1", "--count", "1"])
+            .await
+            .0
+    );
+    let (ok, out) = run(&["consume", "jobs", "--wait", "0"]).await;
+    assert!(ok);
+    assert_eq!(out, "", "parked, not delivered");
+    assert_eq!(total(&base, dir, "jobs-dlq", "available").await, 1);
+    let (ok, out) = run(&["topics", "redrive", "jobs-dlq", "--max", "10"]).await;
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        serde_json::json!({"moved": 1, "failed": 0})
+    );
+    let (ok, out) = run(&["topics", "redrive", "jobs-dlq"]).await;
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        serde_json::json!({"moved": 0, "failed": 0}),
+        "nothing moves twice"
+    );
+    assert!(
+        !run(&["topics", "redrive", "jobs-dlq", "--max", "0"])
+            .await
+            .0
+    );
+    let (ok, out) = run(&["consume", "jobs", "--wait", "0"]).await;
+    assert!(ok);
+    let m: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(m["payload"], "poison", "{out}");
+    server.kill().await;
+}
