@@ -56,6 +56,28 @@ fn spawn(base: &str, dir: &Path, args: &[&str]) -> tokio::process::Child {
         .unwrap()
 }
 
+/// A `narad serve` child on the test store, and a working directory for the commands.
+struct Served {
+    server: Process,
+    work: tempfile::TempDir,
+    _store: Option<tempfile::TempDir>,
+}
+
+impl Served {
+    /// `None` in external mode, where the tests cannot start a child server.
+    async fn start() -> Option<Served> {
+        if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+            return None;
+        }
+        let (url, store) = narad_tests::test_store_url();
+        Some(Served {
+            server: Process::start(&url, free_port(), &[]).await,
+            work: tempfile::tempdir().unwrap(),
+            _store: store,
+        })
+    }
+}
+
 /// Sums a per-partition field of `narad topics get`.
 async fn total(base: &str, dir: &Path, topic: &str, field: &str) -> u64 {
     let (ok, out) = narad(base, dir, &["topics", "get", topic], None).await;
@@ -71,14 +93,10 @@ async fn total(base: &str, dir: &Path, topic: &str, field: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_client_produces_consumes_and_runs_workers() {
-    if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+    let Some(served) = Served::start().await else {
         return;
-    }
-    let (url, _dir) = narad_tests::test_store_url();
-    let server = Process::start(&url, free_port(), &[]).await;
-    let base = server.base.clone();
-    let work = tempfile::tempdir().unwrap();
-    let dir = work.path();
+    };
+    let (base, dir) = (served.server.base.clone(), served.work.path());
 
     // Topics.
     let (ok, _) = narad(
@@ -276,19 +294,15 @@ async fn the_command_line_client_produces_consumes_and_runs_workers() {
     assert!(ok);
     let (ok, _) = narad(&base, dir, &["topics", "get", "lines"], None).await;
     assert!(!ok, "a deleted topic is gone");
-    server.kill().await;
+    served.server.kill().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_client_manages_subscriptions_and_cancels() {
-    if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+    let Some(served) = Served::start().await else {
         return;
-    }
-    let (url, _dir) = narad_tests::test_store_url();
-    let server = Process::start(&url, free_port(), &[]).await;
-    let base = server.base.clone();
-    let work = tempfile::tempdir().unwrap();
-    let dir = work.path();
+    };
+    let (base, dir) = (served.server.base.clone(), served.work.path());
     let run = |args: &'static [&'static str]| narad(&base, dir, args, None);
     assert!(run(&["topics", "create", "fan"]).await.0);
     let (ok, out) = run(&["subscriptions", "create", "fan", "billing"]).await;
@@ -352,21 +366,17 @@ async fn the_command_line_client_manages_subscriptions_and_cancels() {
     assert_eq!(out.lines().count(), 2, "{out}");
     assert!(run(&["subscriptions", "delete", "fan", "audit"]).await.0);
     assert!(!run(&["subscriptions", "get", "fan", "audit"]).await.0);
-    server.kill().await;
+    served.server.kill().await;
 }
 
 /// `narad whoami` prints the caller and its grants; `narad topics redrive` moves a dead
 /// letter back to its topic, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_client_says_who_calls_and_redrives_dead_letters() {
-    if narad_tests::skip_in_external_mode("a narad serve child process with the system clock") {
+    let Some(served) = Served::start().await else {
         return;
-    }
-    let (url, _dir) = narad_tests::test_store_url();
-    let server = Process::start(&url, free_port(), &[]).await;
-    let base = server.base.clone();
-    let work = tempfile::tempdir().unwrap();
-    let dir = work.path();
+    };
+    let (base, dir) = (served.server.base.clone(), served.work.path());
     let run = |args: &'static [&'static str]| narad(&base, dir, args, None);
     let (ok, out) = run(&["whoami"]).await;
     assert!(ok);
@@ -421,5 +431,5 @@ async fn the_command_line_client_says_who_calls_and_redrives_dead_letters() {
     assert!(ok);
     let m: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(m["payload"], "poison", "{out}");
-    server.kill().await;
+    served.server.kill().await;
 }
