@@ -26,10 +26,13 @@ Steps, each in Chromium:
   h. The console leased nothing of console-demo.
   i. The limited user: sees console-demo only, no admin or produce controls, and the
      server answers 403 to its admin calls, from the page and from here.
+  j. A server without /v1/whoami (the page's fetch answers it 404, as a build before it
+     does): every action is offered, the page says why, and a purge shows the server's 403
+     in its dialog.
 
 Screenshots: topics.png, message.png, dialog-create.png, topic.png (charts with data),
 dialog-pause.png, dialog-purge.png, dlq.png, dialog-redrive.png, dialog-delete.png,
-limited-user.png; failure.png when it fails. Exits 1 with a message on failure.
+limited-user.png, older-server-403.png; failure.png when it fails. Exits 1 with a message on failure.
 
 Setup: pip install -r tests/console/requirements.txt; apt-get install chromium chromium-driver.
 """
@@ -587,6 +590,43 @@ def limited_user(driver):
         raise Failure(f"the limited user changed {TOPIC}")
 
 
+def older_server(driver):
+    """j. A server without /v1/whoami (a build before it, met during a rolling deploy): the
+    page offers every action, says why, and the server's 403 decides, shown in the dialog."""
+    # Every page load from now on answers /v1/whoami as such a server does: 404 route_not_found.
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
+        const realFetch = window.fetch.bind(window);
+        window.fetch = (input, init) => String(input).endsWith('/v1/whoami')
+          ? Promise.resolve(new Response(
+              JSON.stringify({error: {code: 'route_not_found', message: 'no such route'}}),
+              {status: 404, headers: {'Content-Type': 'application/json'}}))
+          : realFetch(input, init);"""})
+    click(driver, css("sign-out"), "Sign out")
+    sign_in(driver, LIMITED_USER, LIMITED_PASS)
+    wait_for(driver, "New topic offered", lambda d: d.find_elements(*css("action-create")))
+    title = driver.find_element(*css("who")).get_attribute("title") or ""
+    if "no /v1/whoami" not in title:
+        raise Failure(f"the signed-in line's title does not say why every action shows: {title!r}")
+    open_topic(driver, TOPIC)
+    wait_for(driver, "the actions drawn", lambda d: d.find_elements(*css("topic-actions", "[data-ready]")))
+    offered = {e.get_attribute("data-testid") for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid^="action-"]')}
+    if not {"action-pause", "action-purge", "action-delete"} <= offered:
+        raise Failure(f"without whoami the page offers only {sorted(offered)}")
+    status, refused = api("POST", f"/v1/topics/{TOPIC}/purge", user=LIMITED_USER, password=LIMITED_PASS)
+    expect(status, refused, {403}, "purge as the limited user")
+    click(driver, css("action-purge"), "the Purge button")
+    wait_for(driver, "the dialog-purge dialog", lambda d: any(e.is_displayed() for e in d.find_elements(*css("dialog-purge"))))
+    driver.find_element(*within("dialog-purge", "dialog-confirm")).click()
+    message = refused["error"]["message"]
+    wait_for(driver, f"the server's refusal {message!r} in the dialog",
+             lambda d: message in (text_of(d, within("dialog-purge", "dialog-error")) or ""))
+    shot(driver, "older-server-403.png")
+    print(f"without whoami, the purge button was offered and the dialog says: {text_of(driver, within('dialog-purge', 'dialog-error'))}")
+    driver.find_element(*within("dialog-purge", "dialog-cancel")).click()
+    if stats(TOPIC)[0]["paused"] or stats(TOPIC)[1]["available"] != len(MESSAGES):
+        raise Failure(f"the limited user changed {TOPIC}")
+
+
 def run(driver, landed):
     sign_in(driver, USER, PASS)
     browse_demo(driver, landed)
@@ -597,6 +637,7 @@ def run(driver, landed):
     delete_topic(driver)
     check_nothing_leased()
     limited_user(driver)
+    older_server(driver)
     check_nothing_leased()
 
 
