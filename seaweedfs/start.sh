@@ -145,6 +145,21 @@ case "$(s3 HEAD "/$BUCKET")" in
 *) log "HEAD /$BUCKET answered $(s3 HEAD "/$BUCKET"): check the credentials"; exit 1 ;;
 esac
 
+# 5. A write and its delete: a SeaweedFS that answers but cannot store (its data directory
+# removed under it, or the disk full) would otherwise fail every test far from the cause.
+# An empty object is kept in the filer's metadata alone, so the check writes 4 KiB of data.
+probe="/$BUCKET/.start-check/$$-$RANDOM"
+body="$(head -c 4096 /dev/zero | tr '\0' x)"
+status="$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -X PUT --data-binary "$body" \
+    -H "x-amz-content-sha256: $(printf '%s' "$body" | sha256sum | cut -d' ' -f1)" \
+    --aws-sigv4 "aws:amz:us-east-1:s3" --user "$KEY:$SECRET" "$ENDPOINT$probe" || true)"
+if [[ "$status" != 200 ]]; then
+    log "SeaweedFS at $ENDPOINT answers but writing 4 KiB to $probe answered ${status/#000/nothing in 10 s}:"
+    log "is the disk full ($(df -Ph "$DATA" | awk 'NR == 2 { print $4 }') free), or its data directory gone? Stop it and run this again."
+    exit 1
+fi
+s3 DELETE "$probe" >/dev/null
+
 cat <<ENV
 # SeaweedFS S3 is ready. Export:
 export AWS_ENDPOINT_URL=$ENDPOINT
