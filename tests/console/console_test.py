@@ -317,6 +317,23 @@ def dialog(driver, testid, screenshot=None, fill=None):
     wait_for(driver, f"the {testid} dialog to close", lambda d: not d.find_elements(*css(testid)))
 
 
+def refused(driver, testid, contains, fill=None, screenshot=None):
+    """Waits for the dialog, fills it, confirms, waits for the server's refusal (`contains`)
+    shown in it, optionally saves a screenshot, cancels, and answers the text shown."""
+    wait_for(driver, f"the {testid} dialog", lambda d: any(e.is_displayed() for e in d.find_elements(*css(testid))))
+    if fill:
+        fill(driver)
+    driver.find_element(*within(testid, "dialog-confirm")).click()
+    wait_for(driver, f"the {testid} dialog to show {contains!r}",
+             lambda d: contains in (text_of(d, within(testid, "dialog-error")) or ""))
+    if screenshot:
+        shot(driver, screenshot)
+    shown = text_of(driver, within(testid, "dialog-error"))
+    driver.find_element(*within(testid, "dialog-cancel")).click()
+    wait_for(driver, f"the {testid} dialog to close", lambda d: not d.find_elements(*css(testid)))
+    return shown
+
+
 def notice(driver, what, contains):
     wait_for(driver, f"the notice {contains!r}", lambda d: contains in (text_of(d, css("notice")) or ""))
     print(f"{what}: {text_of(driver, css('notice-text'))}")
@@ -386,14 +403,7 @@ def create_topic(driver):
         field = d.find_element(*css("create-partitions"))
         field.clear()
         field.send_keys("3")
-    wait_for(driver, "the create dialog", lambda d: d.find_elements(*css("dialog-create")))
-    conflicting(driver)
-    driver.find_element(*within("dialog-create", "dialog-confirm")).click()
-    wait_for(driver, "the create dialog to show the 409",
-             lambda d: "409" in (text_of(d, within("dialog-create", "dialog-error")) or ""))
-    print(f"conflicting create: {text_of(driver, within('dialog-create', 'dialog-error'))}")
-    driver.find_element(*within("dialog-create", "dialog-cancel")).click()
-    wait_for(driver, "the create dialog to close", lambda d: not d.find_elements(*css("dialog-create")))
+    print(f"conflicting create: {refused(driver, 'dialog-create', '409', conflicting)}")
     if api("GET", f"/v1/topics/{TOPIC}")[1]["settings"]["partitions"] != 2:
         raise Failure(f"the conflicting create changed {TOPIC}")
 
@@ -612,17 +622,11 @@ def older_server(driver):
     offered = {e.get_attribute("data-testid") for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid^="action-"]')}
     if not {"action-pause", "action-purge", "action-delete"} <= offered:
         raise Failure(f"without whoami the page offers only {sorted(offered)}")
-    status, refused = api("POST", f"/v1/topics/{TOPIC}/purge", user=LIMITED_USER, password=LIMITED_PASS)
-    expect(status, refused, {403}, "purge as the limited user")
+    status, answer = api("POST", f"/v1/topics/{TOPIC}/purge", user=LIMITED_USER, password=LIMITED_PASS)
+    expect(status, answer, {403}, "purge as the limited user")
     click(driver, css("action-purge"), "the Purge button")
-    wait_for(driver, "the dialog-purge dialog", lambda d: any(e.is_displayed() for e in d.find_elements(*css("dialog-purge"))))
-    driver.find_element(*within("dialog-purge", "dialog-confirm")).click()
-    message = refused["error"]["message"]
-    wait_for(driver, f"the server's refusal {message!r} in the dialog",
-             lambda d: message in (text_of(d, within("dialog-purge", "dialog-error")) or ""))
-    shot(driver, "older-server-403.png")
-    print(f"without whoami, the purge button was offered and the dialog says: {text_of(driver, within('dialog-purge', 'dialog-error'))}")
-    driver.find_element(*within("dialog-purge", "dialog-cancel")).click()
+    shown = refused(driver, "dialog-purge", answer["error"]["message"], screenshot="older-server-403.png")
+    print(f"without whoami, the purge button was offered and the dialog says: {shown}")
     if stats(TOPIC)[0]["paused"] or stats(TOPIC)[1]["available"] != len(MESSAGES):
         raise Failure(f"the limited user changed {TOPIC}")
 
