@@ -20,9 +20,13 @@
 //!    once the first time after a speculative attempt (a stale cache is expected to miss
 //!    once), after full-jitter backoff ([`backoff`]) otherwise, at most [`MAX_ATTEMPTS`]
 //!    times; then [`CasError::Contention`].
-//! 5. An ambiguous failure (timeout, 5xx: the write may have landed) re-reads; if the
-//!    type records write ids ([`Stored::stamp`]) and the stored object carries this
-//!    write's id, the write landed and the update succeeds instead of applying twice.
+//! 5. An ambiguous failure (timeout, 5xx: the write may have landed) re-reads. A type
+//!    that records write ids ([`Stored::stamp`]) tells from every state read afterwards
+//!    what became of each such write of this update ([`Stored::fate_of`]): landed (the
+//!    update succeeds with that attempt's value, never applying again), superseded by
+//!    another write (forgotten), not yet decided (kept, and the update goes on; it may
+//!    not end in a refusal or a `Keep` while one is undecided), or no longer known
+//!    (the writer fell out of the window of write ids: [`CasError::OutcomeUnknown`]).
 //!    Types that record no write ids report the failure.
 //!
 //! Errors are typed ([`CasError`]): the change's own refusal, contention, the store's
@@ -145,16 +149,39 @@ pub(crate) trait Stored: Clone + Send + Sync + Sized + 'static {
     /// Prepares a copy for the next write, before the change sees it.
     fn next_write(&mut self) {}
 
-    /// Records `write_id` in the copy about to be written. Returns `false` when the type
-    /// keeps no write ids (no lost-response recovery).
-    fn stamp(&mut self, _write_id: &str) -> bool {
-        false
+    /// Records `write_id` in the copy about to be written, and returns how that write is
+    /// found in later states; `None` when the type keeps no write ids (no lost-response
+    /// recovery).
+    fn stamp(&mut self, _write_id: &str) -> Option<WriteMark> {
+        None
     }
 
-    /// True if the write with `write_id` is part of this state.
-    fn written_by(&self, _write_id: &str) -> bool {
-        false
+    /// What this state tells of the write `mark` ([`crate::partition::recent::fate`]).
+    fn fate_of(&self, _mark: &WriteMark) -> WriteFate {
+        WriteFate::Unknown
     }
+}
+
+/// How a write is found in later states: its id as stored, and the version it makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WriteMark {
+    /// The id as the state records it.
+    pub stamped: String,
+    /// The version the write makes.
+    pub version: u64,
+}
+
+/// What a state tells of a write whose answer was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteFate {
+    /// It is part of this state.
+    Landed,
+    /// Nothing was written over the state it was based on yet: it may still land.
+    NotYet,
+    /// Another write replaced the state it was based on: it never will.
+    Superseded,
+    /// The state no longer remembers the writes of that version.
+    Unknown,
 }
 
 /// Why a stored object could not be encoded: a bug, never the caller's input (every
@@ -255,6 +282,15 @@ pub enum CasError<E> {
         key: String,
         /// What is wrong.
         detail: String,
+    },
+    /// A write's answer was lost, and the state no longer tells whether it landed: the
+    /// change may or may not have been applied, and is not applied again.
+    #[error("the outcome of a write to {key} is unknown: its answer was lost and {why}")]
+    OutcomeUnknown {
+        /// Its key.
+        key: String,
+        /// Why it cannot be told.
+        why: &'static str,
     },
     /// The new state could not be encoded (a bug).
     #[error("cannot encode {key}: {source}")]
@@ -432,11 +468,24 @@ impl<'a, S: Stored> Cell<'a, S> {
             Some(s) => (s, false),
             None => (self.read().await?, true),
         };
+        // This update's writes whose answer was lost and whose fate no state read since
+        // could tell, each with the value its attempt would answer.
+        let mut unanswered: Vec<(WriteMark, C::Output)> = Vec::new();
         for attempt in 0..MAX_ATTEMPTS {
+            if let Some(value) = self.landed_earlier(&snap, &mut unanswered)? {
+                *cache = Some(snap);
+                return Ok(value);
+            }
             change.prepare(&snap).await;
             let mut next = snap.value.clone();
             next.next_write();
-            let value = match change.apply(&mut next).map_err(CasError::Rejected)? {
+            let decision = change.apply(&mut next);
+            if !unanswered.is_empty() && !matches!(decision, Ok(Decision::Commit(_))) {
+                // A refusal or no change now, while an earlier write of this very update
+                // may still land: neither answer would be true if it did.
+                return Err(self.unknown("an earlier attempt may still land"));
+            }
+            let value = match decision.map_err(CasError::Rejected)? {
                 Decision::Keep(v) => {
                     if !fresh {
                         fresh = true;
@@ -466,15 +515,53 @@ impl<'a, S: Stored> Cell<'a, S> {
                     };
                     fresh = true;
                 }
+                Written::Unanswered(mark, current) => {
+                    unanswered.push((mark, value));
+                    snap = current;
+                    fresh = true;
+                }
             }
         }
         Err(CasError::Contention)
     }
 
-    /// Writes `next` against `snap`'s ETag, recovering a lost response by write id.
+    /// What `snap` tells of this update's unanswered writes: the value of the one that
+    /// landed, if one did. Forgets those another write superseded.
+    ///
+    /// Errors: [`CasError::OutcomeUnknown`] when `snap` no longer tells of one.
+    fn landed_earlier<T, E>(
+        &self,
+        snap: &Snapshot<S>,
+        unanswered: &mut Vec<(WriteMark, T)>,
+    ) -> Result<Option<T>, CasError<E>> {
+        let mut i = 0;
+        while i < unanswered.len() {
+            match snap.value.fate_of(&unanswered[i].0) {
+                WriteFate::Landed => return Ok(Some(unanswered.swap_remove(i).1)),
+                WriteFate::NotYet => i += 1,
+                WriteFate::Superseded => {
+                    unanswered.swap_remove(i);
+                }
+                WriteFate::Unknown => {
+                    return Err(self.unknown("the object no longer remembers writes that old"))
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn unknown<E>(&self, why: &'static str) -> CasError<E> {
+        tracing::warn!(key = %self.key, why, "a write's answer was lost and its outcome is unknown: answered 503");
+        CasError::OutcomeUnknown {
+            key: self.key.to_owned(),
+            why,
+        }
+    }
+
+    /// Writes `next` against `snap`'s ETag; when the answer is lost, reads the state again
+    /// for the caller to tell the write's fate from.
     async fn write<E>(&self, snap: &Snapshot<S>, mut next: S) -> Result<Written<S>, CasError<E>> {
-        let write_id = self.ids.new_id();
-        let recoverable = next.stamp(&write_id);
+        let mark = next.stamp(&self.ids.new_id());
         let body = next.encode().map_err(|source| CasError::Encode {
             key: self.key.to_owned(),
             source,
@@ -483,23 +570,21 @@ impl<'a, S: Stored> Cell<'a, S> {
             None => self.store.put_if_absent(self.key, body).await,
             Some(etag) => self.store.put_if_match(self.key, body, etag).await,
         };
-        match put {
-            Ok(etag) => Ok(Written::Landed(Snapshot {
+        match (put, mark) {
+            (Ok(etag), _) => Ok(Written::Landed(Snapshot {
                 value: next,
                 etag: Some(etag),
             })),
-            Err(StoreError::Conflict) | Err(StoreError::NotFound) => Ok(Written::Lost(None)),
-            Err(StoreError::Unavailable(why)) if recoverable => {
-                // The write may have landed. Look for our write id before retrying.
+            (Err(StoreError::Conflict) | Err(StoreError::NotFound), _) => Ok(Written::Lost(None)),
+            (Err(StoreError::Unavailable(why)), Some(mark)) => {
+                // The write may have landed, or may still: the caller looks for it in this
+                // state and in every one it reads after.
                 let Ok(current) = self.read::<E>().await else {
                     return Err(CasError::Store(StoreError::Unavailable(why)));
                 };
-                if current.value.written_by(&write_id) {
-                    return Ok(Written::Landed(current));
-                }
-                Ok(Written::Lost(Some(current)))
+                Ok(Written::Unanswered(mark, current))
             }
-            Err(e) => Err(CasError::Store(e)),
+            (Err(e), _) => Err(CasError::Store(e)),
         }
     }
 }
@@ -509,6 +594,8 @@ enum Written<S> {
     Landed(Snapshot<S>),
     /// It did not; the current state if it was read already.
     Lost(Option<Snapshot<S>>),
+    /// Its answer was lost; how to find it, and the state read after.
+    Unanswered(WriteMark, Snapshot<S>),
 }
 
 /// Full-jitter exponential backoff: up to 2 ms × 2^attempt, capped at 100 ms. The one
@@ -672,5 +759,82 @@ mod tests {
             matches!(r, Err(CasError::Store(StoreError::Unavailable(_)))),
             "{r:?}"
         );
+    }
+
+    /// Answers the first conditional replace with a timeout without applying it: a write
+    /// whose fate the next read cannot tell yet (it might still arrive).
+    struct FirstReplaceTimesOut {
+        inner: MemoryStore,
+        failed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for FirstReplaceTimesOut {
+        async fn get(&self, key: &str) -> crate::store::StoreResult<Option<Object>> {
+            self.inner.get(key).await
+        }
+        async fn put_if_absent(&self, key: &str, data: Bytes) -> crate::store::StoreResult<ETag> {
+            self.inner.put_if_absent(key, data).await
+        }
+        async fn put_if_match(
+            &self,
+            key: &str,
+            data: Bytes,
+            etag: &ETag,
+        ) -> crate::store::StoreResult<ETag> {
+            if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("timed out".into()));
+            }
+            self.inner.put_if_match(key, data, etag).await
+        }
+        async fn delete(&self, key: &str) -> crate::store::StoreResult<()> {
+            self.inner.delete(key).await
+        }
+        async fn list(&self, prefix: &str) -> crate::store::StoreResult<Vec<String>> {
+            self.inner.list(prefix).await
+        }
+        fn describe(&self) -> String {
+            "first replace times out".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_that_may_still_land_is_retried_but_never_answered_with_a_refusal() {
+        let ids = SequentialIds::default();
+        let inc = "i".to_string();
+        let key = "topics/t/0.manifest.json";
+        let bump = |m: &mut Manifest| {
+            m.next_offset += 1;
+            Ok::<_, ()>(Decision::Commit(()))
+        };
+        for refuse_second in [false, true] {
+            let store = FirstReplaceTimesOut {
+                inner: MemoryStore::new(),
+                failed: false.into(),
+            };
+            let cell = Cell::<Manifest>::new(&store, &ids, key, &inc);
+            cell.update(Pure(bump)).await.unwrap();
+            let mut tries = 0;
+            let r = cell
+                .update(Pure(|m: &mut Manifest| {
+                    tries += 1;
+                    if refuse_second && tries > 1 {
+                        return Err(());
+                    }
+                    m.next_offset += 1;
+                    Ok(Decision::Commit(()))
+                }))
+                .await;
+            let m = cell.read::<()>().await.unwrap().value;
+            if refuse_second {
+                // The first attempt did not land, but it might have: neither a refusal
+                // nor success would be sure.
+                assert!(matches!(r, Err(CasError::OutcomeUnknown { .. })), "{r:?}");
+                assert_eq!(m.next_offset, 1);
+            } else {
+                assert!(r.is_ok(), "{r:?}");
+                assert_eq!((m.next_offset, m.version), (2, 2), "applied once");
+            }
+        }
     }
 }

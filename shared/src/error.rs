@@ -85,6 +85,10 @@ pub enum BrokerError {
     /// Too many concurrent writers on one object; retry later.
     #[error("the partition is busy; retry later")]
     Contention,
+    /// Storage lost the answer to a write, and whether it was applied can no longer be
+    /// told (docs/design.md §3): it is not applied again.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     /// The topic was deleted and created again while this request used it; retried once
     /// internally, then reported as busy.
     #[error("the topic changed while the request ran; retry")]
@@ -159,6 +163,9 @@ impl<E: Into<BrokerError>> From<CasError<E>> for BrokerError {
             CasError::Store(e) => BrokerError::Store(e),
             CasError::Corrupt { key, detail } => BrokerError::Corrupt(format!("{key}: {detail}")),
             CasError::Newer { key, newer } => BrokerError::UpgradeRequired { object: key, newer },
+            CasError::OutcomeUnknown { key, why } => BrokerError::OutcomeUnknown(format!(
+                "the outcome of a write to {key} is unknown: its answer was lost and {why}"
+            )),
             CasError::Encode { key, source } => {
                 BrokerError::Internal(format!("cannot encode {key}: {source}"))
             }

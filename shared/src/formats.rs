@@ -77,6 +77,15 @@ pub fn stamp_write(write_id: &str) -> String {
     format!("g{}-{write_id}", Level::NEWEST.0)
 }
 
+/// The write time of a write id (a UUIDv7 at its end, as [`crate::clock::RandomIds`]
+/// makes them), if it has one.
+pub fn write_time(id: &str) -> Option<u64> {
+    let hex = id.get(id.len().checked_sub(32)?..)?;
+    let v = u128::from_str_radix(hex, 16).ok()?;
+    let version = (v >> 76) & 0xf;
+    (version == 7).then_some((v >> 80) as u64)
+}
+
 /// The newest level the writer of `id` reads, from its stamp; `None` for a bare id (a
 /// build before the gate).
 pub fn write_stamp(id: &str) -> Option<Level> {
@@ -167,6 +176,18 @@ impl Magic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_ids_tell_their_time() {
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        let t = write_time(&id).unwrap();
+        assert!(t <= now && now - t < 5000, "{t} {now}");
+        assert_eq!(write_time(&format!("repair-{id}")), Some(t));
+        assert_eq!(write_time(&stamp_write(&id)), Some(t));
+        assert_eq!(write_time("id-000001"), None);
+        assert_eq!(write_time(&uuid::Uuid::new_v4().simple().to_string()), None);
+    }
 
     #[test]
     fn write_ids_carry_the_level_of_their_writer() {

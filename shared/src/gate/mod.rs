@@ -44,6 +44,7 @@ use serde_json::{Map, Value};
 use crate::cas::{self, Cell, JsonRecord};
 use crate::clock::{Clock, IdSource, SystemClock};
 use crate::error::{BrokerError, BrokerResult};
+pub use crate::formats::write_time;
 use crate::formats::{Level, Newer};
 use crate::keys;
 use crate::store::{DynStore, ETag, StoreError};
@@ -51,7 +52,7 @@ use crate::store::{DynStore, ETag, StoreError};
 mod raise;
 
 pub use raise::{
-    blockers, delete_expired, finalize, status, write_time, Blocker, Finalized, Scan, Status,
+    blockers, delete_expired, finalize, status, Blocker, Finalized, Scan, Status,
     DELETE_EXPIRED_AFTER_MS,
 };
 

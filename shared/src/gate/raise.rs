@@ -11,7 +11,7 @@ use super::{build_name, read_fleet, FleetRecord, ProcessRecord, Raising};
 use crate::cas::{self, Cell, Decision, Pure};
 use crate::clock::{Clock, IdSource};
 use crate::error::{BrokerError, BrokerResult};
-use crate::formats::{write_stamp, Level};
+use crate::formats::{write_stamp, write_time, Level};
 use crate::keys;
 use crate::store::DynStore;
 use crate::topic::TopicRecord;
@@ -229,14 +229,6 @@ pub async fn delete_expired(store: &DynStore, now: u64, dry_run: bool) -> Broker
 struct Stamped {
     #[serde(default)]
     recent_writes: Vec<String>,
-}
-
-/// The write time of a write id (a UUIDv7 at its end), if it has one.
-pub fn write_time(id: &str) -> Option<u64> {
-    let hex = id.get(id.len().checked_sub(32)?..)?;
-    let v = u128::from_str_radix(hex, 16).ok()?;
-    let version = (v >> 76) & 0xf;
-    (version == 7).then_some((v >> 80) as u64)
 }
 
 /// Partitions whose manifest a build that cannot read `target` wrote within `window`.
@@ -496,16 +488,5 @@ mod tests {
         assert!(recent_write("t", 0, &[level_two], 0, three).is_some());
         // A write of unknown time counts as recent.
         assert!(recent_write("t", 0, &["id-000001".into()], now, two).is_some());
-    }
-
-    #[test]
-    fn write_ids_tell_their_time() {
-        let id = uuid::Uuid::now_v7().simple().to_string();
-        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-        let t = write_time(&id).unwrap();
-        assert!(t <= now && now - t < 5000, "{t} {now}");
-        assert_eq!(write_time(&format!("repair-{id}")), Some(t));
-        assert_eq!(write_time("id-000001"), None);
-        assert_eq!(write_time(&uuid::Uuid::new_v4().simple().to_string()), None);
     }
 }

@@ -176,6 +176,13 @@ impl From<BrokerError> for ApiError {
                     "storage is temporarily unavailable; retry later",
                 )
             }
+            BrokerError::OutcomeUnknown(detail) => {
+                tracing::warn!(%detail, "outcome unknown");
+                Self::unavailable(
+                    "storage_unavailable",
+                    "storage lost the answer to this request's write, and whether it was applied is unknown; retry it (a produce with its Idempotency-Key, to store it once)",
+                )
+            }
             BrokerError::Store(StoreError::Corrupt(failure)) => Self::corrupt(&failure.to_string()),
             BrokerError::Store(err) => {
                 tracing::error!(error = %err, "storage error");

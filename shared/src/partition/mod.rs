@@ -15,7 +15,8 @@
 //! * [`combine`]: land segments any process may commit, each at most once;
 //! * [`intent`]: settles and lease requests any process may commit, each at most once;
 //! * [`batch`]: one group commit's operations applied in their fixed order;
-//! * [`rebuild`]: a corrupt partition's state again, from a checkpoint and its segments.
+//! * [`rebuild`]: a corrupt partition's state again, from a checkpoint and its segments;
+//! * [`recent`]: the recent write ids, and what they tell a writer whose answer was lost.
 //!
 //! Invariants every transition keeps (checked by the tests in [`batch`]):
 //! * `version` strictly increases with every committed write, so two different states
@@ -44,6 +45,7 @@ pub(crate) mod lease;
 pub(crate) mod ledger;
 pub(crate) mod produce;
 pub(crate) mod rebuild;
+pub(crate) mod recent;
 pub(crate) mod settle;
 pub(crate) mod subscription;
 
@@ -54,7 +56,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::cas::{Invalid, Stored};
+use crate::cas::{Invalid, Stored, WriteFate, WriteMark};
 use crate::settings::TopicSettings;
 
 pub(crate) use dedup::{ChunkRef, Dedup};
@@ -123,9 +125,6 @@ pub(crate) const MAX_DELAYED_RUNS: usize = 1000;
 fn format_1() -> u32 {
     1
 }
-
-/// How many recent write ids a manifest remembers for lost-response recovery.
-pub(crate) const RECENT_WRITES: usize = 16;
 
 /// One immutable segment object and the offsets it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -539,7 +538,7 @@ impl Stored for Manifest {
         self.version += 1;
     }
 
-    fn stamp(&mut self, write_id: &str) -> bool {
+    fn stamp(&mut self, write_id: &str) -> Option<WriteMark> {
         // The oldest format that holds this content, so versions that cannot read
         // delays refuse only manifests that have some.
         self.format = if !self.decided.is_empty() || !self.decided_floor.is_empty() {
@@ -551,17 +550,15 @@ impl Stored for Manifest {
         };
         // Stamped with this build's level: `narad upgrade` tells the writes of builds
         // that cannot read a level by it ([`crate::formats::stamp_write`]).
-        self.recent_writes
-            .push_back(crate::formats::stamp_write(write_id));
-        while self.recent_writes.len() > RECENT_WRITES {
-            self.recent_writes.pop_front();
-        }
-        true
+        Some(recent::record(
+            &mut self.recent_writes,
+            write_id,
+            self.version,
+        ))
     }
 
-    fn written_by(&self, write_id: &str) -> bool {
-        let stamped = crate::formats::stamp_write(write_id);
-        self.recent_writes.iter().any(|w| *w == stamped)
+    fn fate_of(&self, mark: &WriteMark) -> WriteFate {
+        recent::fate(&self.recent_writes, self.version, mark)
     }
 }
 

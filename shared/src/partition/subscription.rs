@@ -25,8 +25,8 @@ use super::intent::{self, Ask, Decides, Intent, Outcome};
 use super::lease::{self, Cursor, Keys, Leased};
 use super::ledger::{Ledger, LedgerMut};
 use super::settle::{self, Refused, Settle};
-use super::{Delayed, Lease, Manifest, Rules, RECENT_WRITES};
-use crate::cas::{Invalid, Stored};
+use super::{recent, Delayed, Lease, Manifest, Rules};
+use crate::cas::{Invalid, Stored, WriteFate, WriteMark};
 
 /// The newest subscription state format this build reads and writes: 2 adds
 /// `combined_through`, `decided` and `decided_floor` (intents, fleet level 6), and is
@@ -439,23 +439,21 @@ impl Stored for SubscriptionState {
         self.version += 1;
     }
 
-    fn stamp(&mut self, write_id: &str) -> bool {
+    fn stamp(&mut self, write_id: &str) -> Option<WriteMark> {
         self.format = if self.has_intents() {
             STATE_FORMAT
         } else {
             FORMAT_WITHOUT_INTENTS
         };
-        self.recent_writes
-            .push_back(crate::formats::stamp_write(write_id));
-        while self.recent_writes.len() > RECENT_WRITES {
-            self.recent_writes.pop_front();
-        }
-        true
+        Some(recent::record(
+            &mut self.recent_writes,
+            write_id,
+            self.version,
+        ))
     }
 
-    fn written_by(&self, write_id: &str) -> bool {
-        let stamped = crate::formats::stamp_write(write_id);
-        self.recent_writes.iter().any(|w| *w == stamped)
+    fn fate_of(&self, mark: &WriteMark) -> WriteFate {
+        recent::fate(&self.recent_writes, self.version, mark)
     }
 }
 
