@@ -2,11 +2,11 @@
 # Runs every Narad test on a fresh machine: formatting and lints, unit tests and the store
 # conformance suite, the HTTP integration suite on the embedded file store, then LocalStack
 # (installed and started by localstack/start.sh) and the whole suite again on S3, then the
-# conformance suite and the whole suite on SeaweedFS (seaweedfs/start.sh), schemathesis
-# against narad serve (tests/schemathesis.sh), the web console in headless Chromium
-# (tests/console.sh), the Python and TypeScript clients (tests/python-client.sh,
-# tests/typescript-client.sh), then the narad-api Lambda function under cargo lambda watch on S3, and
-# cfn-lint on the SAM template.
+# conformance suite and the whole suite on SeaweedFS (seaweedfs/start.sh), three processes
+# on both stores through a fault proxy (tests/s3-faults.sh), schemathesis against narad serve
+# (tests/schemathesis.sh), the web console in headless Chromium (tests/console.sh), the Python
+# and TypeScript clients (tests/python-client.sh, tests/typescript-client.sh), then the narad-api
+# Lambda function under cargo lambda watch on S3, and cfn-lint on the SAM template.
 #
 # Every step runs even when an earlier one failed, so every suite reports. Each step prints
 # how long it usually takes (on 2 cores, warm; see the README for cold times) and how long it
@@ -91,6 +91,13 @@ seaweedfs_suite() {
         NARAD_TEST_STORE="$base/http" tests
 }
 step "the same tests with conformance and the HTTP suite on SeaweedFS" "6 min (3 of them the races)" seaweedfs_suite
+# Three `narad serve` processes on LocalStack, then on SeaweedFS, through a seeded fault proxy
+# (lost answers after the store applied a write, 503 SlowDown, 500, resets, delays, and a
+# writer's recovery read held while the others commit), 60 s each; then a drain, a replay of
+# every offset and a check of the history (tests/s3-faults.sh; NARAD_S3_FAULT_SEED=N replays).
+step "object-store faults (3 processes through a fault proxy, LocalStack and SeaweedFS)" "2.5 min" \
+    env NARAD_SEAWEEDFS_PORT=$sw_port NARAD_SEAWEEDFS_ACCESS_KEY=$sw_key \
+    NARAD_SEAWEEDFS_SECRET_KEY=$sw_secret tests/s3-faults.sh
 # The OpenAPI document validated, and schemathesis against `narad serve` (tests/schemathesis.sh).
 step "API fuzzing (schemathesis against narad serve)" "1 min; 1 min more the first time" tests/schemathesis.sh
 # The web console in headless Chromium (tests/console.sh; installs chromium with apt if missing).
