@@ -183,7 +183,7 @@ impl Committer {
     /// `cache` (or a fresh read): its segment and intents are written, then it waits for
     /// a commit that decides them all, or commits itself.
     ///
-    /// Errors: a write's or the store's failure; [`BrokerError::Contention`] when the
+    /// Errors: a write's or the store's failure; [`BrokerError::OutcomeUnknown`] when the
     /// fate of a write can no longer be told (the caller answers 503).
     pub(super) async fn combine_head(
         &self,
@@ -246,8 +246,8 @@ impl Committer {
     /// over (with what its last listing found, if it listed) or the manifest turns out
     /// corrupt. `round_trip`: how long the writes took.
     ///
-    /// Errors: a rewrite's or a read's failure; [`BrokerError::Contention`] when the fate
-    /// of a write can no longer be told.
+    /// Errors: a rewrite's or a read's failure; [`BrokerError::OutcomeUnknown`] when the
+    /// fate of a write can no longer be told.
     async fn wait(
         &self,
         q: &Queue,
@@ -285,7 +285,10 @@ impl Committer {
                         round,
                         "a combining write's fate can no longer be told: answered 503"
                     );
-                    return Err(BrokerError::Contention);
+                    return Err(BrokerError::OutcomeUnknown(
+                        "a combining write's record left the manifest before its writer read it"
+                            .into(),
+                    ));
                 }
                 Step::Rewrite(dead_segment, dead_intents) => {
                     let started = Instant::now();

@@ -191,8 +191,12 @@ impl Produces {
             Status::Landed(_) => return true,
             Status::Unknown => {
                 tracing::warn!(segment = %seg.id, version = state.version, "the fate of this batch's combinable segment can no longer be told: answered 503");
+                let why = format!(
+                    "the fate of combinable segment {} can no longer be told",
+                    seg.id
+                );
                 self.segment = None;
-                self.refused = Some(BrokerError::Contention);
+                self.refused = Some(BrokerError::OutcomeUnknown(why));
             }
             Status::Pending => {}
         }

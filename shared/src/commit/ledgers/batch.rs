@@ -206,8 +206,8 @@ impl Committer {
     /// decide, or may leave this process to land ([`combine`]); or as they are, with
     /// what the committer lands beside them.
     ///
-    /// Errors: an intent's write or a read failing; [`BrokerError::Contention`] when an
-    /// intent's fate can no longer be told.
+    /// Errors: an intent's write or a read failing; [`BrokerError::OutcomeUnknown`] when
+    /// an intent's fate can no longer be told.
     async fn route(
         &self,
         q: &LedgerQueue,

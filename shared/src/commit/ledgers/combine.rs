@@ -144,8 +144,8 @@ impl Committer {
     /// Steps 1 to 3 of the module documentation for `ops`, over the ledger in `known`
     /// (which it keeps as read).
     ///
-    /// Errors: an intent's write or the ledger's read failing; [`BrokerError::Contention`]
-    /// when the fate of an intent can no longer be told.
+    /// Errors: an intent's write or the ledger's read failing;
+    /// [`BrokerError::OutcomeUnknown`] when the fate of an intent can no longer be told.
     pub(super) async fn await_intents(
         &self,
         q: &LedgerQueue,
@@ -213,7 +213,9 @@ impl Committer {
                         round,
                         "an intent's fate can no longer be told: answered 503"
                     );
-                    return Err(BrokerError::Contention);
+                    return Err(BrokerError::OutcomeUnknown(
+                        "an intent's record left the ledger before its writer read it".into(),
+                    ));
                 }
                 Step::Rewrite(_, dead) => {
                     let started = Instant::now();
