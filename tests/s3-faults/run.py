@@ -28,7 +28,10 @@ Checks (each violation is printed; the exit status is 1 if there is any):
   message's last delivery, though the drain left nothing unsettled;
 - no answer 500, and every 503 carries Retry-After.
 
-Replay a run with its seed (printed at the start): NARAD_S3_FAULT_SEED=N, or --seed N. The
+Replay a run with its seed (printed at the start): NARAD_S3_FAULT_SEED=N, or --seed N.
+NARAD_S3_FAULT_LOG sets the processes' NARAD_LOG (default warn; add
+`,narad_shared::http::trace=debug` for a line per request) and --keep-logs keeps their logs
+and the history (history.json) in a temporary directory it names. The
 proxy's decisions replay per process and request sequence; the timing of processes does
 not, so a replay is the same fault mix, not the same interleaving.
 
@@ -775,8 +778,8 @@ def main() -> int:
               f"; upstream errors {faults['upstream_errors']}, requests sent again on a fresh connection {faults['upstream_retries']}")
         for kind, distances in sorted(faults["recoveries"].items()):
             over = [d for d in distances if d >= 16]
-            print(f"[{a.label}] recovery reads after a conditional manifest/ledger write applied but answered "
-                  f"'{kind}': {len(distances)}; other processes' commits before the read: max "
+            print(f"[{a.label}] conditional manifest/ledger writes applied but answered '{kind}': "
+                  f"{len(distances)}; other processes' commits before the writer's next read of the object: max "
                   f"{max(distances, default=0)}, {len(over)} at 16 or more {over}")
         holds = faults["holds"]
         if holds:
