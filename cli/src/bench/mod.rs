@@ -11,6 +11,8 @@
 //! Before them the store's own serial compare-and-swap rate is measured, so every
 //! throughput is also printed as a ratio of what one partition's manifest can absorb
 //! without group commit.
+//! With `--e2e` the phases are instead end-to-end latency across processes: producers on
+//! some, waiting consumers on the others (module `e2e`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +24,7 @@ use narad_shared::config::{Config, Credential};
 use narad_shared::store::metered::MeteredStore;
 
 mod client;
+mod e2e;
 mod phase;
 mod probes;
 mod report;
@@ -88,6 +91,26 @@ pub(crate) struct BenchArgs {
     /// subscription's throughput beside the default subscription's.
     #[arg(long, default_value_t = 0, conflicts_with_all = ["split", "piggyback"])]
     pub subscriptions: usize,
+    /// End-to-end latency instead of the throughput phases: producers send through the
+    /// first half of `--processes`, `--connections` consumers per process wait on the
+    /// others (module `e2e`).
+    #[arg(long, conflicts_with_all = ["split", "piggyback", "rotate"])]
+    pub e2e: bool,
+    /// `--e2e`: messages of the sparse phase.
+    #[arg(long, default_value_t = 6)]
+    pub e2e_sparse: usize,
+    /// `--e2e`: milliseconds between the sparse phase's messages.
+    #[arg(long, default_value_t = 8000)]
+    pub e2e_gap_ms: u64,
+    /// `--e2e`: messages a second in the steady phase.
+    #[arg(long, default_value_t = 20.0)]
+    pub e2e_rate: f64,
+    /// `--e2e`: seconds of the steady phase.
+    #[arg(long, default_value_t = 30)]
+    pub e2e_seconds: u64,
+    /// `--e2e`: seconds of the idle phase.
+    #[arg(long, default_value_t = 30)]
+    pub e2e_idle_seconds: u64,
 }
 
 type Handles = Arc<Mutex<Vec<String>>>;
@@ -215,6 +238,12 @@ impl Bench {
 
 pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     let b = Bench::start(&args).await?;
+    if args.e2e {
+        let r = e2e::run(&b, &args).await;
+        b.delete_topic(&b.topic).await;
+        b.servers.stop().await;
+        return r;
+    }
     let sizes = ManifestSizes::new(b.inner.clone(), &b.topic, args.partitions);
     let mut phases = vec![produce_phase(&b, &args).await?];
     let mut replay_probe = None;

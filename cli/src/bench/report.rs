@@ -8,8 +8,8 @@ use narad_shared::store::metered::{Counts, StoreOp};
 use super::{Bench, BenchArgs, Phase};
 
 /// S3 Standard prices, dollars per request (LIST is billed as a PUT).
-const PUT_PRICE: f64 = 0.005 / 1000.0;
-const GET_PRICE: f64 = 0.0004 / 1000.0;
+pub(super) const PUT_PRICE: f64 = 0.005 / 1000.0;
+pub(super) const GET_PRICE: f64 = 0.0004 / 1000.0;
 
 /// Prints the run's shape, one line per phase, and the end-to-end figures.
 pub(super) fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
@@ -92,7 +92,7 @@ pub(super) fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
 }
 
 /// The `q` quantile of `latencies`, in milliseconds (0 when there are none).
-fn percentile_ms(latencies: &[Duration], q: f64) -> f64 {
+pub(super) fn percentile_ms(latencies: &[Duration], q: f64) -> f64 {
     let mut l = latencies.to_vec();
     l.sort();
     if l.is_empty() {
