@@ -623,6 +623,7 @@ mod tests {
     use crate::partition::Manifest;
     use crate::store::memory::MemoryStore;
     use crate::store::testing::fault::{FaultPlan, FaultStore};
+    use crate::store::testing::hook::ReplaceHook;
     use crate::store::DynStore;
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -761,43 +762,6 @@ mod tests {
         );
     }
 
-    /// Answers the first conditional replace with a timeout without applying it: a write
-    /// whose fate the next read cannot tell yet (it might still arrive).
-    struct FirstReplaceTimesOut {
-        inner: MemoryStore,
-        failed: std::sync::atomic::AtomicBool,
-    }
-
-    #[async_trait::async_trait]
-    impl Store for FirstReplaceTimesOut {
-        async fn get(&self, key: &str) -> crate::store::StoreResult<Option<Object>> {
-            self.inner.get(key).await
-        }
-        async fn put_if_absent(&self, key: &str, data: Bytes) -> crate::store::StoreResult<ETag> {
-            self.inner.put_if_absent(key, data).await
-        }
-        async fn put_if_match(
-            &self,
-            key: &str,
-            data: Bytes,
-            etag: &ETag,
-        ) -> crate::store::StoreResult<ETag> {
-            if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                return Err(StoreError::Unavailable("timed out".into()));
-            }
-            self.inner.put_if_match(key, data, etag).await
-        }
-        async fn delete(&self, key: &str) -> crate::store::StoreResult<()> {
-            self.inner.delete(key).await
-        }
-        async fn list(&self, prefix: &str) -> crate::store::StoreResult<Vec<String>> {
-            self.inner.list(prefix).await
-        }
-        fn describe(&self) -> String {
-            "first replace times out".into()
-        }
-    }
-
     #[tokio::test]
     async fn a_write_that_may_still_land_is_retried_but_never_answered_with_a_refusal() {
         let ids = SequentialIds::default();
@@ -808,11 +772,14 @@ mod tests {
             Ok::<_, ()>(Decision::Commit(()))
         };
         for refuse_second in [false, true] {
-            let store = FirstReplaceTimesOut {
-                inner: MemoryStore::new(),
-                failed: false.into(),
-            };
-            let cell = Cell::<Manifest>::new(&store, &ids, key, &inc);
+            // The first conditional replace times out without being applied: a write
+            // whose fate the next read cannot tell yet (it might still arrive).
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            let store = ReplaceHook::new(Arc::new(MemoryStore::new()), move |_| {
+                (!failed.swap(true, std::sync::atomic::Ordering::SeqCst))
+                    .then(|| StoreError::Unavailable("timed out".into()))
+            });
+            let cell = Cell::<Manifest>::new(&*store, &ids, key, &inc);
             cell.update(Pure(bump)).await.unwrap();
             let mut tries = 0;
             let r = cell

@@ -24,6 +24,7 @@ use crate::segment::StoredMessage;
 use crate::settings::TopicSettings;
 use crate::store::memory::MemoryStore;
 use crate::store::testing::fault::{FaultPlan, FaultStore};
+use crate::store::testing::hook::ReplaceHook;
 use crate::store::DynStore;
 use crate::topic::{Topic, TopicRecord};
 
@@ -515,59 +516,21 @@ async fn a_segment_its_writer_landed_is_found_in_the_index_it_was_folded_into() 
     assert_eq!(b.segment_status(&q, &state, &seg).await, Status::Landed(7));
 }
 
-/// Loses the first conditional replace of a manifest as if another writer had won, and
-/// moves the clock past the segment age meanwhile: a process that stalled that long.
-struct StallsPastTheSegmentAge {
-    inner: DynStore,
-    clock: ManualClock,
-    stalled: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl crate::store::Store for StallsPastTheSegmentAge {
-    async fn get(&self, key: &str) -> crate::store::StoreResult<Option<crate::store::Object>> {
-        self.inner.get(key).await
-    }
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        data: bytes::Bytes,
-    ) -> crate::store::StoreResult<crate::store::ETag> {
-        self.inner.put_if_absent(key, data).await
-    }
-    async fn put_if_match(
-        &self,
-        key: &str,
-        data: bytes::Bytes,
-        etag: &crate::store::ETag,
-    ) -> crate::store::StoreResult<crate::store::ETag> {
-        if key.ends_with(".manifest.json") && !self.stalled.swap(true, Ordering::SeqCst) {
-            self.clock.advance(super::MAX_SEGMENT_AGE_AT_COMMIT_MS + 1);
-            return Err(crate::store::StoreError::Conflict);
-        }
-        self.inner.put_if_match(key, data, etag).await
-    }
-    async fn delete(&self, key: &str) -> crate::store::StoreResult<()> {
-        self.inner.delete(key).await
-    }
-    async fn list(&self, prefix: &str) -> crate::store::StoreResult<Vec<String>> {
-        self.inner.list(prefix).await
-    }
-    fn describe(&self) -> String {
-        "stalls past the segment age".into()
-    }
-}
-
 /// A batch whose segment is older than the segment age when it could commit gives up
 /// (503) and never names it: garbage collection may already take it for an orphan.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_segment_older_than_the_segment_age_is_never_committed() {
     let w = world().await;
     let (_, _, before) = one_message(&w).await;
-    let store: DynStore = Arc::new(StallsPastTheSegmentAge {
-        inner: w.store.clone(),
-        clock: w.clock.clone(),
-        stalled: false.into(),
+    // The first conditional replace of the manifest loses, as if another writer had won,
+    // and the clock moves past the segment age meanwhile: a process that stalled that long.
+    let (clock, stalled) = (w.clock.clone(), std::sync::atomic::AtomicBool::new(false));
+    let store: DynStore = ReplaceHook::new(w.store.clone(), move |key| {
+        let first = key.ends_with(".manifest.json") && !stalled.swap(true, Ordering::SeqCst);
+        first.then(|| {
+            clock.advance(super::MAX_SEGMENT_AGE_AT_COMMIT_MS + 1);
+            crate::store::StoreError::Conflict
+        })
     });
     let p = process(&w, store);
     let segments_before = segment_ids(&w).await;

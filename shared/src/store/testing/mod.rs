@@ -6,10 +6,12 @@
 //! * [`fault`]: a store decorator that injects errors, lost responses, spurious
 //!   conflicts and latency, from a seed.
 //! * [`freeze`]: a store decorator for an instance that stops mid-operation forever.
+//! * [`hook`]: a store decorator whose conditional replaces a test's closure decides.
 //! * [`lost`]: a store decorator that loses one write's answer and holds the writer's
 //!   recovery read.
 
 pub mod conformance;
 pub mod fault;
 pub mod freeze;
+pub mod hook;
 pub mod lost;
