@@ -319,6 +319,21 @@ fn print(
     phases: &[Figures],
     seen: &Seen,
 ) {
+    print_shape(b, args, producers, consumers);
+    for p in phases.iter().filter(|p| p.messages > 0) {
+        print_phase(p, consumers);
+    }
+    for p in phases.iter().filter(|p| p.messages == 0) {
+        print_idle(p, consumers);
+    }
+    println!(
+        "e2e: produce sent (in this process) to consume answered, first delivery; found: consume requests that got a message; busy: consumers' time between a message and their next wait; messages delivered more than once: {}",
+        seen.again.load(Ordering::Relaxed)
+    );
+}
+
+/// The run's shape and the table's header.
+fn print_shape(b: &Bench, args: &BenchArgs, producers: usize, consumers: usize) {
     let k = b.servers.bases.len();
     println!(
         "narad bench --e2e: store {}{} | {k} narad serve processes: producers through {producers}, {consumers} consumers waiting (wait={}s) on the other {} | {} partition(s)",
@@ -356,49 +371,49 @@ fn print(
         "req/msg",
         "CPU us/msg"
     );
-    for p in phases.iter().filter(|p| p.messages > 0) {
-        let n = p.messages as f64;
-        let c = &p.counts;
-        let found = p.hits as f64 / (p.hits + p.misses).max(1) as f64;
-        let busy = p.busy.as_secs_f64() / (p.elapsed.as_secs_f64() * consumers as f64);
-        println!(
-            "{:<7} {:>6} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8} {:>6.0} / {:<5.0} {:>8.0}% {:>6.1}% {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>10.0}",
-            p.name,
-            p.messages,
-            percentile_ms(&p.e2e, 0.5),
-            percentile_ms(&p.e2e, 0.9),
-            percentile_ms(&p.e2e, 0.99),
-            percentile_ms(&p.e2e, 1.0),
-            p.missing,
-            percentile_ms(&p.produce, 0.5),
-            percentile_ms(&p.produce, 0.99),
-            found * 100.0,
-            busy * 100.0,
-            c.gets() as f64 / n,
-            c.puts() as f64 / n,
-            c.op(StoreOp::List) as f64 / n,
-            c.failed_puts() as f64 / n,
-            c.total() as f64 / n,
-            p.cpu.map_or(0.0, |s| s * 1e6 / n),
-        );
-    }
-    for p in phases.iter().filter(|p| p.messages == 0) {
-        let s = p.elapsed.as_secs_f64().max(0.001);
-        let c = &p.counts;
-        let per_month = dollars(c) / s * 30.0 * 24.0 * 3600.0;
-        println!(
-            "{}: {:.1} s, {consumers} consumers waiting: {:.2} GET/s, {:.2} PUT/s, {:.2} LIST/s, {:.2} requests/s; ${per_month:.2} a month at S3 Standard prices (LIST as PUT); consumes answered empty: {}",
-            p.name,
-            s,
-            c.gets() as f64 / s,
-            c.puts() as f64 / s,
-            c.op(StoreOp::List) as f64 / s,
-            c.total() as f64 / s,
-            p.misses,
-        );
-    }
+}
+
+/// One line of a phase that sent messages.
+fn print_phase(p: &Figures, consumers: usize) {
+    let n = p.messages as f64;
+    let c = &p.counts;
+    let found = p.hits as f64 / (p.hits + p.misses).max(1) as f64;
+    let busy = p.busy.as_secs_f64() / (p.elapsed.as_secs_f64() * consumers as f64);
     println!(
-        "e2e: produce sent (in this process) to consume answered, first delivery; found: consume requests that got a message; busy: consumers' time between a message and their next wait; messages delivered more than once: {}",
-        seen.again.load(Ordering::Relaxed)
+        "{:<7} {:>6} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8} {:>6.0} / {:<5.0} {:>8.0}% {:>6.1}% {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>10.0}",
+        p.name,
+        p.messages,
+        percentile_ms(&p.e2e, 0.5),
+        percentile_ms(&p.e2e, 0.9),
+        percentile_ms(&p.e2e, 0.99),
+        percentile_ms(&p.e2e, 1.0),
+        p.missing,
+        percentile_ms(&p.produce, 0.5),
+        percentile_ms(&p.produce, 0.99),
+        found * 100.0,
+        busy * 100.0,
+        c.gets() as f64 / n,
+        c.puts() as f64 / n,
+        c.op(StoreOp::List) as f64 / n,
+        c.failed_puts() as f64 / n,
+        c.total() as f64 / n,
+        p.cpu.map_or(0.0, |s| s * 1e6 / n),
+    );
+}
+
+/// The idle phase: requests per second and their monthly price.
+fn print_idle(p: &Figures, consumers: usize) {
+    let s = p.elapsed.as_secs_f64().max(0.001);
+    let c = &p.counts;
+    let per_month = dollars(c) / s * 30.0 * 24.0 * 3600.0;
+    println!(
+        "{}: {:.1} s, {consumers} consumers waiting: {:.2} GET/s, {:.2} PUT/s, {:.2} LIST/s, {:.2} requests/s; ${per_month:.2} a month at S3 Standard prices (LIST as PUT); consumes answered empty: {}",
+        p.name,
+        s,
+        c.gets() as f64 / s,
+        c.puts() as f64 / s,
+        c.op(StoreOp::List) as f64 / s,
+        c.total() as f64 / s,
+        p.misses,
     );
 }
