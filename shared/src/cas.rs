@@ -503,16 +503,13 @@ impl<'a, S: Stored> Cell<'a, S> {
                     *cache = Some(s);
                     return Ok(value);
                 }
-                Written::Lost(current) => {
+                Written::Lost => {
                     // A stale cache is expected to miss once: re-read at once. Real races back
                     // off first, so the state they retry on is as fresh as it can be.
                     if fresh {
                         backoff(attempt, &self.ids.new_id()).await;
                     }
-                    snap = match current {
-                        Some(current) => current,
-                        None => self.read().await?,
-                    };
+                    snap = self.read().await?;
                     fresh = true;
                 }
                 Written::Unanswered(mark, current) => {
@@ -575,7 +572,7 @@ impl<'a, S: Stored> Cell<'a, S> {
                 value: next,
                 etag: Some(etag),
             })),
-            (Err(StoreError::Conflict) | Err(StoreError::NotFound), _) => Ok(Written::Lost(None)),
+            (Err(StoreError::Conflict) | Err(StoreError::NotFound), _) => Ok(Written::Lost),
             (Err(StoreError::Unavailable(why)), Some(mark)) => {
                 // The write may have landed, or may still: the caller looks for it in this
                 // state and in every one it reads after.
@@ -592,8 +589,8 @@ impl<'a, S: Stored> Cell<'a, S> {
 enum Written<S> {
     /// The write landed; the state as written.
     Landed(Snapshot<S>),
-    /// It did not; the current state if it was read already.
-    Lost(Option<Snapshot<S>>),
+    /// It did not (a lost race).
+    Lost,
     /// Its answer was lost; how to find it, and the state read after.
     Unanswered(WriteMark, Snapshot<S>),
 }
