@@ -11,13 +11,17 @@
 #
 # Usage: tests/s3-faults.sh [run.py options]   (NARAD_BIN to test another build)
 # Replay a seed: NARAD_S3_FAULT_SEED=N tests/s3-faults.sh (each run prints its seed; the
-# SeaweedFS run uses N+1). NARAD_S3_FAULT_SECONDS (60), NARAD_S3_FAULT_PROFILE (mixed;
-# random or targeted), NARAD_S3_FAULT_STORES ("localstack seaweedfs").
+# SeaweedFS run uses N+1); the default is the fixed seed 99961761, `random` draws one.
+# NARAD_S3_FAULT_SECONDS (60), NARAD_S3_FAULT_PROFILE (mixed; random or targeted),
+# NARAD_S3_FAULT_STORES ("localstack seaweedfs").
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin="${NARAD_BIN:-${CARGO_TARGET_DIR:-target}/debug/narad}"
 [[ -x "$bin" ]] || { echo "[s3-faults] no $bin: build it first (cargo build)" >&2; exit 2; }
-seed="${NARAD_S3_FAULT_SEED:-$((RANDOM * 32768 + RANDOM + 1))}"
+# A fixed seed by default, as the Rust fault suites use (tests/tests/faults.rs): the test run
+# replays the same fault mix each time. NARAD_S3_FAULT_SEED=random draws a fresh one.
+seed="${NARAD_S3_FAULT_SEED:-99961761}"
+[[ "$seed" == random ]] && seed=$((RANDOM * 32768 + RANDOM + 1))
 common=(--narad "$bin" --seconds "${NARAD_S3_FAULT_SECONDS:-60}" --rate "${NARAD_S3_FAULT_RATE:-0.06}"
     --profile "${NARAD_S3_FAULT_PROFILE:-mixed}")
 echo "[s3-faults] seed $seed (replay: NARAD_S3_FAULT_SEED=$seed tests/s3-faults.sh)"
