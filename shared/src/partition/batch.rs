@@ -14,7 +14,8 @@
 //!
 //! Every listed intent still pending in the state the batch starts from is applied, and
 //! its outcome recorded in the manifest, whatever it is (a refused settle too: its writer
-//! must learn it).
+//! must learn it). Each is applied at its own time when that is later than the batch's
+//! ([`Intent::applied_at`]): a commit may list an intent written after it began.
 //!
 //! [`apply`] is pure: the committer calls it again on every CAS attempt. It answers
 //! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
@@ -221,7 +222,8 @@ pub(crate) fn apply(
             action,
         } = i.ask
         {
-            let r = settle::settle(m, now, &batch.rules, offset, lease_id, action);
+            let at = i.applied_at(now);
+            let r = settle::settle(m, at, &batch.rules, offset, lease_id, action);
             out.wake |= r.is_ok() && !matches!(action, Settle::Extend | Settle::ExtendFor(_));
             out.decided.push((i.id.clone(), Outcome::settled(r)));
         }
@@ -236,7 +238,9 @@ pub(crate) fn apply(
     for i in &pending {
         if let Ask::Lease { max, max_bytes } = i.ask {
             let want = (max as usize, max_bytes);
-            let got = lease::lease(m, now, &batch.rules, want, &mut cursor, keys);
+            // Picked by the cursor begun at `now` (a lapse it has not counted only makes
+            // it more careful); the lease runs from the intent's time.
+            let got = lease::lease(m, i.applied_at(now), &batch.rules, want, &mut cursor, keys);
             out.decided
                 .push((i.id.clone(), Outcome::leased(m.version, &got)));
         }
@@ -837,6 +841,56 @@ mod tests {
         assert_eq!(a.decided, vec![(late.id, Outcome::Gone)]);
         assert_eq!(m.frontier, 0);
         assert!(m.leases.contains_key(&0) && m.acked_ahead.is_empty());
+    }
+
+    #[test]
+    fn an_intent_written_after_the_batch_began_runs_its_lease_from_its_own_time() {
+        // The batch's clock read 1000; it listed intents written at 1800 and 2000 on a
+        // later attempt. Their leases must run a full visibility timeout from then.
+        let mut m = manifest_with(2);
+        leased(&mut m, &[0], 1, 5000);
+        let r = rules();
+        let vis = r.visibility_timeout_ms;
+        let extend = intent(
+            1800,
+            "a",
+            Ask::Settle {
+                offset: 0,
+                lease_id: 1,
+                action: Settle::Extend,
+            },
+        );
+        let lease = intent(
+            2000,
+            "b",
+            Ask::Lease {
+                max: 1,
+                max_bytes: u64::MAX,
+            },
+        );
+        let a = land_intents(&mut m, 1000, r, &[extend.clone(), lease.clone()]);
+        assert_eq!(a.decided[0], (extend.id, Outcome::Done));
+        assert_eq!(m.leases[&0].deadline_ms, 1800 + vis);
+        assert_eq!(m.leases[&1].deadline_ms, 2000 + vis);
+        // An ack is judged at its own time too: asked after the lease lapsed, it is gone.
+        let mut m = manifest_with(1);
+        leased(&mut m, &[0], 1, 1500);
+        let late = intent(1600, "c", ack_ask(0, 1));
+        let a = land_intents(&mut m, 1000, r, std::slice::from_ref(&late));
+        assert_eq!(a.decided, vec![(late.id, Outcome::Gone)]);
+        // A writer whose clock runs far ahead is held to the bound.
+        let mut m = manifest_with(1);
+        let ahead = intent(
+            1000 + 10 * intent::MAX_LEAD_MS,
+            "d",
+            Ask::Lease {
+                max: 1,
+                max_bytes: u64::MAX,
+            },
+        );
+        land_intents(&mut m, 1000, r, std::slice::from_ref(&ahead));
+        assert_eq!(m.leases[&0].deadline_ms, 1000 + intent::MAX_LEAD_MS + vis);
+        check_invariants(&m);
     }
 
     #[test]

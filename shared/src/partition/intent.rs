@@ -312,6 +312,23 @@ pub(crate) fn worth_writing(m: &impl Ledger, now: u64, rules: &super::Rules, ask
     }
 }
 
+/// How far ahead of the committing batch's clock an intent's own time is taken (see
+/// [`Intent::applied_at`]): further than any batch lasts, so only a writer whose clock runs
+/// ahead of the committer's by more is held to it.
+pub(crate) const MAX_LEAD_MS: u64 = 60_000;
+
+impl Intent {
+    /// The time this intent is applied at by a commit whose clock read `now` when its
+    /// batch began: its own time when that is later (the batch listed it after it began,
+    /// perhaps several attempts later), by at most [`MAX_LEAD_MS`]. A lease or an extend
+    /// therefore runs its full visibility timeout from no earlier than the request was
+    /// made, however long the commit that carries it took; an ack is judged at no
+    /// earlier a time than it was asked.
+    pub(crate) fn applied_at(&self, now: u64) -> u64 {
+        now.max(self.written_ms.min(now.saturating_add(MAX_LEAD_MS)))
+    }
+}
+
 /// What a manifest says of an intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Status {
