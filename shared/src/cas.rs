@@ -401,24 +401,36 @@ impl<'a, S: Stored> Cell<'a, S> {
     /// Makes `snap` the current stored state with a conditional read that transfers no
     /// body when nothing changed. Returns `true` if `snap` was already current.
     pub(crate) async fn refresh<E>(&self, snap: &mut Snapshot<S>) -> Result<bool, CasError<E>> {
-        let fetched = match &snap.etag {
-            Some(etag) => self.store.get_if_changed(self.key, etag).await?,
-            None => match self.store.get(self.key).await? {
+        match self.read_unless(Some(&snap.etag)).await? {
+            None => Ok(true),
+            Some(fresh) => {
+                *snap = fresh;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The current state, unless it is still the one whose ETag is `held` (`Some(None)`:
+    /// held as missing; `None`: nothing held): `None` then, after a conditional read that
+    /// transfers no body.
+    ///
+    /// Errors: as [`Cell::read`].
+    pub(crate) async fn read_unless<E>(
+        &self,
+        held: Option<&Option<ETag>>,
+    ) -> Result<Option<Snapshot<S>>, CasError<E>> {
+        let fetched = match held {
+            Some(Some(etag)) => self.store.get_if_changed(self.key, etag).await?,
+            Some(None) | None => match self.store.get(self.key).await? {
                 None => Fetched::Missing,
                 Some(o) => Fetched::Object(o),
             },
         };
         match fetched {
-            Fetched::Unchanged => Ok(true),
-            Fetched::Missing if snap.etag.is_none() => Ok(true),
-            Fetched::Missing => {
-                *snap = self.absent();
-                Ok(false)
-            }
-            Fetched::Object(o) => {
-                *snap = self.decode(o)?;
-                Ok(false)
-            }
+            Fetched::Unchanged => Ok(None),
+            Fetched::Missing if held == Some(&None) => Ok(None),
+            Fetched::Missing => Ok(Some(self.absent())),
+            Fetched::Object(o) => self.decode(o).map(Some),
         }
     }
 

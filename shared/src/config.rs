@@ -11,7 +11,9 @@
 //! | `NARAD_MAX_MESSAGE_BYTES` | 1048576 | largest payload; larger produces get 413 |
 //! | `NARAD_MAX_WAIT_MS` | 10000 | cap on a consume's `wait` |
 //! | `NARAD_POLL_INTERVAL_MS` | 500 | how often a long poll re-reads the store at first (and always on topics of layout 1) |
-//! | `NARAD_IDLE_POLL_MAX_MS` | 4000 | the longest interval an idle topic's listing grows to while consumers wait: the most a message produced through another process waits for an idle waiter (docs/design.md §5) |
+//! | `NARAD_WATCH_ACTIVE_MS` | 100 | how often consumers waiting on a topic of up to 12 partitions read its manifests while other processes commit to it (one conditional GET each; docs/design.md §5) |
+//! | `NARAD_WATCH_IDLE_MS` | 1500 | the interval those reads grow to while the topic is idle, for a topic of 4 partitions (`N/4` times this for N partitions): the most a message produced through another process waits for an idle waiter |
+//! | `NARAD_IDLE_POLL_MAX_MS` | 4000 | the same for a topic of more than 12 partitions, which waiters list instead (from `NARAD_POLL_INTERVAL_MS` up to this) |
 //! | `NARAD_TOPIC_CACHE_MS` | 1000 | how long topic settings are cached per process |
 //! | `NARAD_SEGMENT_CACHE_BYTES` | 67108864 | decoded segments kept in memory per process (index objects get a quarter of this more) |
 //! | `NARAD_MAX_TOPICS` | 10000 | topics a store may hold; creating one more gets 409 `too_many_topics` |
@@ -42,9 +44,16 @@ pub struct BrokerOptions {
     pub max_wait: Duration,
     /// How often a long poll re-reads the store for work from other processes, at first.
     pub poll_interval: Duration,
-    /// The longest interval between an idle topic's listings while consumers wait
-    /// (`broker/watch.rs`); never below `poll_interval`.
+    /// The longest interval between an idle topic's listings while consumers wait, for
+    /// a topic of more than 12 partitions (`broker/watch.rs`); never below
+    /// `poll_interval`.
     pub idle_poll_max: Duration,
+    /// How often consumers waiting on a topic of up to 12 partitions read its manifests
+    /// while other processes commit to it (`broker/watch.rs`).
+    pub watch_active: Duration,
+    /// The interval those reads grow to while the topic is idle, for 4 partitions
+    /// (`N/4` times this for N); never below `watch_active`.
+    pub watch_idle: Duration,
     /// Bytes of decoded segments kept in memory (index objects get a quarter more).
     pub segment_cache_bytes: usize,
     /// How long topic settings are cached in this process. Settings changed by another
@@ -68,6 +77,8 @@ impl Default for BrokerOptions {
             max_wait: Duration::from_secs(10),
             poll_interval: Duration::from_millis(500),
             idle_poll_max: Duration::from_secs(4),
+            watch_active: Duration::from_millis(100),
+            watch_idle: Duration::from_millis(1500),
             segment_cache_bytes: 64 << 20,
             topic_cache: Duration::from_secs(1),
             commit_linger: Duration::from_millis(2),
@@ -279,6 +290,8 @@ fn broker_options(get: &impl Fn(&str) -> Option<String>) -> Result<BrokerOptions
             10,
             600_000,
         )?,
+        watch_active: ms("NARAD_WATCH_ACTIVE_MS", defaults.watch_active, 10, 60_000)?,
+        watch_idle: ms("NARAD_WATCH_IDLE_MS", defaults.watch_idle, 10, 600_000)?,
         segment_cache_bytes: num(
             "NARAD_SEGMENT_CACHE_BYTES",
             defaults.segment_cache_bytes as u64,

@@ -1,6 +1,7 @@
 //! What waiting consumers cost while nothing happens (docs/design.md §5, "Idle topics"),
 //! with the default settings users run: 16 consumers long-polling a drained 4-partition
-//! topic in one process share one listing per interval, and a message produced through
+//! topic in one process share one round of conditional GETs per interval, and cost no
+//! more than one does, and a message produced through
 //! another process (a second broker on the same store) still reaches them within 5 s. On
 //! the test store: the file store, or LocalStack in the S3 run (not through Lambda: it
 //! counts one process's requests).
@@ -136,7 +137,7 @@ async fn news_through_another_process(store: &DynStore, topic: &str, waiters: &m
     assert!(latency <= Duration::from_secs(5), "took {latency:?}");
 }
 
-/// Lets the listing interval grow to its cap, then counts the requests of a steady
+/// Lets the watch's interval grow to its cap, then counts the requests of a steady
 /// `stretch`; answers them and their rate per minute.
 async fn steady(metered: &MeteredStore, stretch: Duration, what: &str) -> (Counts, f64) {
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -153,8 +154,13 @@ async fn steady(metered: &MeteredStore, stretch: Duration, what: &str) -> (Count
     (used, per_minute)
 }
 
+/// Dollars a month at S3 Standard prices, were `used` spent every `stretch`.
+fn monthly(used: &Counts, stretch: Duration) -> f64 {
+    used.s3_standard_dollars() * (30.0 * 86_400.0) / stretch.as_secs_f64()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news_within_5s() {
+async fn idle_consumers_cost_under_3_25_a_month_however_many_and_still_get_news_within_5s() {
     let Some((metered, store, a, _dir)) = metered_broker().await else {
         return;
     };
@@ -176,15 +182,25 @@ async fn sixteen_idle_consumers_cost_one_listing_per_interval_and_still_get_news
         }
     }
 
+    let stretch = Duration::from_secs(16);
+    let one = Waiters::spawn(&a, "idle", 1);
+    let (alone, _) = steady(&metered, stretch, "1 idle consumer, 4 partitions").await;
+    one.stop().await;
     let mut waiters = Waiters::spawn(&a, "idle", 16);
     let what = "16 idle consumers, 4 partitions";
-    let (used, per_minute) = steady(&metered, Duration::from_secs(16), what).await;
+    let (used, _) = steady(&metered, stretch, what).await;
+    let (one_costs, sixteen_cost) = (monthly(&alone, stretch), monthly(&used, stretch));
+    eprintln!("a month at S3 Standard prices: ${one_costs:.2} for 1, ${sixteen_cost:.2} for 16");
+    // A conditional GET of each manifest about every 1.5 s, topic.json every 4 s: $3.03.
     assert!(
-        per_minute <= 30.0,
-        "idle consumers cost {per_minute:.1} requests a minute ({:?})",
-        used
+        sixteen_cost <= 3.25,
+        "idle consumers cost ${sixteen_cost:.2} a month ({used:?})"
     );
-    assert_eq!(used.gets(), 0, "an unchanged partition is not read");
+    assert!(
+        sixteen_cost <= 1.5 * one_costs,
+        "16 idle consumers cost ${sixteen_cost:.2} a month, 1 costs ${one_costs:.2}"
+    );
+    assert_eq!(used.puts(), 0, "an idle consume writes nothing");
 
     // News through another process: the waiters hear of it within one interval.
     news_through_another_process(&store, "idle", &mut waiters).await;
@@ -215,13 +231,16 @@ async fn waiting_behind_a_key_in_flight_costs_no_reads() {
 
     let mut waiters = Waiters::spawn(&a, "held", 4);
     let what = "4 consumers waiting behind a key";
-    let (used, per_minute) = steady(&metered, Duration::from_secs(12), what).await;
+    let stretch = Duration::from_secs(12);
+    let (used, _) = steady(&metered, stretch, what).await;
+    // The watch's conditional GETs only: no lease is tried, so nothing is written.
     assert_eq!(
-        used.gets(),
+        used.puts(),
         0,
-        "a partition whose keys are known is not read"
+        "a partition whose keys are known is not leased"
     );
-    assert!(per_minute <= 30.0, "{per_minute:.1} requests a minute");
+    let cost = monthly(&used, stretch);
+    assert!(cost <= 3.25, "${cost:.2} a month ({used:?})");
 
     assert!(
         waiters.rx.try_recv().is_err(),
@@ -239,11 +258,11 @@ async fn waiting_behind_a_key_in_flight_costs_no_reads() {
     waiters.stop().await;
 }
 
-/// A named subscription's waiting consumers share the same listing, and skip a partition
+/// A named subscription's waiting consumers share the same watch, and skip a partition
 /// whose manifest it shows unchanged while the subscription's ledger, as this process
 /// knows it, offers nothing: they read the ledger (and the manifest) again only when that
-/// knowledge is older than the longest listing interval, which bounds how late they see
-/// a nack made through another process.
+/// knowledge is 4 s old, which bounds how late they see a nack made through another
+/// process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_idle_consumers_of_a_subscription_read_each_partition_only_every_few_seconds() {
     let Some((metered, store, a, _dir)) = metered_broker().await else {
@@ -278,15 +297,18 @@ async fn sixteen_idle_consumers_of_a_subscription_read_each_partition_only_every
 
     let mut waiters = Waiters::spawn_on(&a, ("fan-idle", Some("audit")), 16);
     let what = "16 idle consumers of a subscription, 4 partitions";
-    let (used, per_minute) = steady(&metered, Duration::from_secs(16), what).await;
-    // The listing (at most 15 a minute), and per partition a ledger and a manifest read
-    // about every 4 s: 120 a minute, 150 when the 16 s catch five rounds (802 a minute
-    // before the waiters skipped partitions).
+    let stretch = Duration::from_secs(16);
+    let (used, _) = steady(&metered, stretch, what).await;
+    // The watch's GETs ($2.77 a month), topic.json every 4 s, and per partition a ledger
+    // and a manifest read about every 4 s: about 295 GETs a minute, $5.10 a month ($5.57
+    // with a listing every 4 s instead, as before; $14 before the waiters skipped
+    // partitions).
+    let cost = monthly(&used, stretch);
     assert!(
-        per_minute <= 200.0,
-        "idle consumers of a subscription cost {per_minute:.1} requests a minute ({:?})",
-        used
+        cost <= 5.5,
+        "idle consumers of a subscription cost ${cost:.2} a month ({used:?})"
     );
+    assert_eq!(used.puts(), 0, "an idle consume writes nothing");
 
     // News through another process reaches them within one interval.
     news_through_another_process(&store, "fan-idle", &mut waiters).await;

@@ -26,7 +26,7 @@ use narad_client::{ConsumeOptions, ProduceOptions};
 use narad_shared::store::metered::{Counts, StoreOp};
 use tokio::time::Instant;
 
-use super::report::{percentile_ms, GET_PRICE, PUT_PRICE};
+use super::report::percentile_ms;
 use super::{Bench, BenchArgs};
 
 /// How long a consume waits.
@@ -308,7 +308,7 @@ fn consumer_counts(seen: &Seen) -> (usize, usize, Duration) {
 
 /// Dollars at S3 Standard prices for `counts` (LIST billed as a PUT).
 fn dollars(counts: &Counts) -> f64 {
-    (counts.puts() + counts.op(StoreOp::List)) as f64 * PUT_PRICE + counts.gets() as f64 * GET_PRICE
+    counts.s3_standard_dollars()
 }
 
 fn print(

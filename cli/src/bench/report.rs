@@ -7,10 +7,6 @@ use narad_shared::store::metered::{Counts, StoreOp};
 
 use super::{Bench, BenchArgs, Phase};
 
-/// S3 Standard prices, dollars per request (LIST is billed as a PUT).
-pub(super) const PUT_PRICE: f64 = 0.005 / 1000.0;
-pub(super) const GET_PRICE: f64 = 0.0004 / 1000.0;
-
 /// Prints the run's shape, one line per phase, and the end-to-end figures.
 pub(super) fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
     print_shape(b, args);
@@ -77,10 +73,7 @@ pub(super) fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
         println!("CPU us/msg: the narad serve processes' CPU (user + system) per message");
     }
     let n = args.messages.max(1) as f64;
-    let dollars = ((total.puts() + total.op(StoreOp::List)) as f64 * PUT_PRICE
-        + total.gets() as f64 * GET_PRICE)
-        / n
-        * 1e6;
+    let dollars = total.s3_standard_dollars() / n * 1e6;
     println!();
     println!(
         "end to end (produce + consume + ack): {:.3} PUT/msg, {:.3} GET/msg, {:.3} failed PUT/msg, {:.3} requests/msg, ${dollars:.2} per million messages at S3 Standard prices",
@@ -106,10 +99,7 @@ fn print_phase(p: &Phase, cas_rate: f64) {
     let pct = |q: f64| percentile_ms(&p.latencies, q);
     let rate = p.messages as f64 / p.elapsed.as_secs_f64().max(1e-9);
     let n = p.messages.max(1) as f64;
-    let dollars = ((p.counts.puts() + p.counts.op(StoreOp::List)) as f64 * PUT_PRICE
-        + p.counts.gets() as f64 * GET_PRICE)
-        / n
-        * 1e6;
+    let dollars = p.counts.s3_standard_dollars() / n * 1e6;
     println!(
         "{:<12} {:>9.1} {:>7.2} {:>9.2} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.2} {:>8.3} {:>10.2} {:>10}",
         p.name,

@@ -151,9 +151,7 @@ impl Broker {
             changed.as_mut().enable();
             let (due, tried) = watch.due();
             if Instant::now() >= due {
-                if let Err(e) = watch.refresh(&*self.store, tried).await {
-                    tracing::debug!(topic = name, error = %e, "idle listing failed");
-                }
+                self.watch_round(watch, tried).await;
             }
             let view = watch.view();
             let topic = self.topic_seen(name, view.as_ref()).await?;

@@ -144,7 +144,10 @@ impl Broker {
             receipts,
             gate,
             topics: Arc::new(topic_cache::TopicCache::new(opts.topic_cache)),
-            watches: watch::Watches::new(opts.poll_interval, opts.idle_poll_max),
+            watches: watch::Watches::new(watch::Intervals {
+                each: (opts.watch_active, opts.watch_idle),
+                list: (opts.poll_interval, opts.idle_poll_max),
+            }),
             opts,
             committer,
             segments,

@@ -358,7 +358,7 @@ async fn confirm_first(
     cache: Option<&mut Snapshot<Manifest>>,
 ) -> Confirmed {
     match cache {
-        Some(snap) if lock(&q.state).role.confirm_cache_first() => {
+        Some(snap) if lock(&q.state).role.confirm_cache_first(Instant::now()) => {
             match cell.refresh::<Infallible>(snap).await {
                 Ok(true) => Confirmed::Unchanged,
                 Ok(false) => Confirmed::Changed,

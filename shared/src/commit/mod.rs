@@ -28,6 +28,8 @@ pub(crate) use ledgers::Figures;
 mod listing;
 mod ordering;
 mod produces;
+mod refresh;
+pub(crate) use refresh::Refreshed;
 mod repair;
 mod replies;
 mod role;
@@ -582,22 +584,7 @@ impl Committer {
     /// them (a run of settles and leases, which carry no payload, is never split into
     /// two batches: [`batch_len`]), and starts its drain task if none runs.
     fn enqueue(self: &Arc<Self>, topic: &Topic, partition: u32, ops: impl IntoIterator<Item = Op>) {
-        let queue = lock(&self.queues)
-            .entry((topic.name.clone(), topic.incarnation.clone(), partition))
-            .or_insert_with(|| {
-                Arc::new(Queue {
-                    topic: topic.name.clone(),
-                    incarnation: topic.incarnation.clone(),
-                    partition,
-                    key: topic.manifest_key(partition),
-                    tag: crate::partition::combine::tag(&topic.incarnation),
-                    created_at_ms: topic.created_at_ms,
-                    chore: chore::Chore::default(),
-                    announced: AtomicU64::new(0),
-                    state: Mutex::new(QueueState::default()),
-                })
-            })
-            .clone();
+        let queue = self.queue(topic, partition);
         let start = {
             let mut st = lock(&queue.state);
             for op in ops {
@@ -617,6 +604,26 @@ impl Committer {
             let me = self.clone();
             tokio::spawn(async move { me.drain(queue).await });
         }
+    }
+
+    /// The partition's queue, made on first use.
+    fn queue(&self, topic: &Topic, partition: u32) -> Arc<Queue> {
+        lock(&self.queues)
+            .entry((topic.name.clone(), topic.incarnation.clone(), partition))
+            .or_insert_with(|| {
+                Arc::new(Queue {
+                    topic: topic.name.clone(),
+                    incarnation: topic.incarnation.clone(),
+                    partition,
+                    key: topic.manifest_key(partition),
+                    tag: crate::partition::combine::tag(&topic.incarnation),
+                    created_at_ms: topic.created_at_ms,
+                    chore: chore::Chore::default(),
+                    announced: AtomicU64::new(0),
+                    state: Mutex::new(QueueState::default()),
+                })
+            })
+            .clone()
     }
 
     /// Commits batches until the queue is empty.

@@ -36,6 +36,11 @@ pub(super) const LOOK_AFTER: u32 = 4;
 /// make such runs and never pay the listing.
 pub(super) const LOOK_GAP: Duration = Duration::from_millis(200);
 
+/// How long after the idle watch confirmed the cached snapshot a commit trusts it without
+/// confirming it again: about one round trip, the time a woken waiter takes to queue its
+/// lease.
+pub(super) const WATCHED_FOR: Duration = Duration::from_millis(100);
+
 /// Whether a batch confirmed its cached snapshot with a conditional GET before writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Confirmed {
@@ -108,6 +113,9 @@ pub(super) struct Role<W = (Rules, ETag)> {
     last_commit: Option<Instant>,
     /// When this process last looked for other processes' combining writes.
     looked_at: Option<Instant>,
+    /// When the idle watch last confirmed the cached snapshot current
+    /// ([`super::Committer::refresh`]).
+    watched_at: Option<Instant>,
 }
 
 impl<W> Default for Role<W> {
@@ -122,6 +130,7 @@ impl<W> Default for Role<W> {
             run: 0,
             last_commit: None,
             looked_at: None,
+            watched_at: None,
         }
     }
 }
@@ -150,9 +159,20 @@ impl<W: Clone> Role<W> {
         self.idle_sweeps = 0;
     }
 
-    /// Whether the next commit confirms the cached snapshot first.
-    pub(super) fn confirm_cache_first(&self) -> bool {
+    /// Whether the next commit, starting at `now`, confirms the cached snapshot first: the
+    /// last commit found it out of date, and the idle watch did not confirm it within
+    /// [`WATCHED_FOR`].
+    pub(super) fn confirm_cache_first(&self, now: Instant) -> bool {
         self.stale_cache
+            && self
+                .watched_at
+                .is_none_or(|t| now.saturating_duration_since(t) > WATCHED_FOR)
+    }
+
+    /// The idle watch confirmed the cached snapshot current at `now` (it read it, or found
+    /// it unchanged).
+    pub(super) fn watched(&mut self, now: Instant) {
+        self.watched_at = Some(now);
     }
 
     /// A batch of queued operations was taken, to commit under `with` (the rules, and
@@ -266,7 +286,7 @@ mod tests {
         let mut r: Role = Role::default();
         // One conflict on an unconfirmed cache: stale, confirm next time, not contended.
         r.committed(tried(2, false, true), t0);
-        assert!(r.confirm_cache_first() && !r.contended(t0));
+        assert!(r.confirm_cache_first(t0) && !r.contended(t0));
         // A conflict after confirming it: another writer.
         r.committed(tried(2, true, true), t0);
         assert!(r.contended(t0));
@@ -274,7 +294,7 @@ mod tests {
         r.committed(tried(3, false, true), t0);
         assert!(r.contended(t0));
         r.committed(tried(1, true, true), t0);
-        assert!(!r.confirm_cache_first());
+        assert!(!r.confirm_cache_first(t0));
         // Confirmed first and found out of date again (requests rotating over processes):
         // keep confirming first, rather than alternate with a failed write.
         let rotating = Attempts {
@@ -283,7 +303,11 @@ mod tests {
             callers: true,
         };
         r.committed(rotating, t0);
-        assert!(r.confirm_cache_first() && !rotating.raced());
+        assert!(r.confirm_cache_first(t0) && !rotating.raced());
+        // Unless the idle watch just confirmed it: trusted for about a round trip.
+        r.watched(t0);
+        assert!(!r.confirm_cache_first(t0 + WATCHED_FOR));
+        assert!(r.confirm_cache_first(t0 + WATCHED_FOR + Duration::from_millis(1)));
     }
 
     #[test]

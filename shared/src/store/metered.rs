@@ -153,6 +153,14 @@ impl Counts {
         self.op(StoreOp::Get)
     }
 
+    /// What these requests cost at S3 Standard prices in us-east-1, in dollars: $0.005
+    /// per 1000 PUTs and LISTs (a LIST is billed as a PUT), $0.0004 per 1000 GETs,
+    /// DELETEs free.
+    pub fn s3_standard_dollars(&self) -> f64 {
+        let puts = self.puts() + self.op(StoreOp::List);
+        puts as f64 * 0.005 / 1000.0 + self.gets() as f64 * 0.0004 / 1000.0
+    }
+
     /// Every request.
     pub fn total(&self) -> u64 {
         self.0.iter().flatten().sum()
