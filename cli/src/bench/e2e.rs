@@ -26,7 +26,8 @@ use narad_client::{ConsumeOptions, ProduceOptions};
 use narad_shared::store::metered::{Counts, StoreOp};
 use tokio::time::Instant;
 
-use super::report::percentile_ms;
+use super::phase::Combining;
+use super::report::{percentile_ms, print_combining};
 use super::{Bench, BenchArgs};
 
 /// How long a consume waits.
@@ -59,6 +60,8 @@ struct Figures {
     misses: usize,
     busy: Duration,
     counts: Counts,
+    /// How the phase's batches combined across processes.
+    combining: Combining,
     cpu: Option<f64>,
 }
 
@@ -269,6 +272,7 @@ async fn send_phase(
         misses: misses2 - misses,
         busy: busy2.saturating_sub(busy),
         counts: used.counts,
+        combining: Combining::of(&used),
         cpu: used.cpu,
     })
 }
@@ -294,6 +298,7 @@ async fn idle_phase(b: &Bench, args: &BenchArgs, seen: &Arc<Seen>) -> Result<Fig
         misses: misses2 - misses,
         busy: busy2.saturating_sub(busy),
         counts: used.counts,
+        combining: Combining::of(&used),
         cpu: used.cpu,
     })
 }
@@ -325,6 +330,9 @@ fn print(
     }
     for p in phases.iter().filter(|p| p.messages == 0) {
         print_idle(p, consumers);
+    }
+    for p in phases.iter().filter(|p| p.messages > 0) {
+        print_combining(p.name, p.messages, &p.combining);
     }
     println!(
         "e2e: produce sent (in this process) to consume answered, first delivery; found: consume requests that got a message; busy: consumers' time between a message and their next wait; messages delivered more than once: {}",

@@ -53,6 +53,17 @@ pub(super) struct Combining {
 }
 
 impl Combining {
+    /// The combining figures of a phase's server counters `used`.
+    pub(super) fn of(used: &super::servers::Snapshot) -> Self {
+        Self {
+            by_others: used.by_others,
+            rewrites: used.rewrites,
+            polls: used.polls,
+            takeovers: used.takeovers,
+            sweeps: used.sweeps,
+        }
+    }
+
     /// Whether anything combined.
     pub(super) fn any(&self) -> bool {
         self.by_others + self.rewrites + self.polls + self.takeovers + self.sweeps > 0.0
@@ -110,13 +121,7 @@ where
         elapsed,
         latencies,
         counts: used.counts,
-        combining: Combining {
-            by_others: used.by_others,
-            rewrites: used.rewrites,
-            polls: used.polls,
-            takeovers: used.takeovers,
-            sweeps: used.sweeps,
-        },
+        combining: Combining::of(&used),
         cpu: used.cpu,
         ops_per_commit: if used.commits > 0.0 {
             used.committed_ops / used.commits

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use narad_shared::store::metered::{Counts, StoreOp};
 
+use super::phase::Combining;
 use super::{Bench, BenchArgs, Phase};
 
 /// Prints the run's shape, one line per phase, and the end-to-end figures.
@@ -40,19 +41,7 @@ pub(super) fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
         total = total.plus(&p.counts);
     }
     for p in phases {
-        let c = &p.combining;
-        if c.any() {
-            let n = p.messages.max(1) as f64;
-            println!(
-                "{}: combining across processes: {:.2} of messages answered from another process's commit, {:.3} segment rewrites/msg, {:.2} manifest polls/msg, {:.3} takeovers/msg, {:.3} sweeps/msg",
-                p.name,
-                c.by_others / n,
-                c.rewrites / n,
-                c.polls / n,
-                c.takeovers / n,
-                c.sweeps / n
-            );
-        }
+        print_combining(p.name, p.messages, &p.combining);
     }
     if !b.cfg.store_latency.is_zero() {
         // Every storage request waits the delay, so a request's latency over the delay
@@ -154,4 +143,20 @@ fn print_shape(b: &Bench, args: &BenchArgs) {
             args.subscriptions
         );
     }
+}
+
+/// The combining line of phase `name` of `messages` messages, when anything combined.
+pub(super) fn print_combining(name: &str, messages: usize, c: &Combining) {
+    if !c.any() {
+        return;
+    }
+    let n = messages.max(1) as f64;
+    println!(
+        "{name}: combining across processes: {:.2} of messages answered from another process's commit, {:.3} segment rewrites/msg, {:.2} manifest polls/msg, {:.3} takeovers/msg, {:.3} sweeps/msg",
+        c.by_others / n,
+        c.rewrites / n,
+        c.polls / n,
+        c.takeovers / n,
+        c.sweeps / n
+    );
 }
