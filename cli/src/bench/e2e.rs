@@ -221,25 +221,7 @@ async fn send_phase(
                 r#"{{"id":{id},"sent_us":{},"pad":"{pad}"}}"#,
                 sent.as_micros()
             );
-            for _ in 0..50 {
-                let t = Instant::now();
-                match api
-                    .produce(&topic, payload.clone(), &ProduceOptions::default())
-                    .await
-                {
-                    Ok(_) => {
-                        lat.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(t.elapsed());
-                        return Ok(());
-                    }
-                    Err(e) if matches!(e.status().map(|s| s.as_u16()), Some(503 | 429)) => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => return Err(format!("e2e produce: {e}")),
-                }
-            }
-            Err("e2e produce: still 503 after 50 tries".into())
+            send_one(&api, &topic, payload, &lat).await
         }));
     }
     for s in sends {
@@ -275,6 +257,35 @@ async fn send_phase(
         combining: Combining::of(&used),
         cpu: used.cpu,
     })
+}
+
+/// Produces `payload` to `topic` through `api`, again after a 503 or 429 (up to 50 tries),
+/// and records the successful request's latency in `lat`.
+async fn send_one(
+    api: &narad_client::Client,
+    topic: &str,
+    payload: String,
+    lat: &Mutex<Vec<Duration>>,
+) -> Result<(), String> {
+    for _ in 0..50 {
+        let t = Instant::now();
+        match api
+            .produce(topic, payload.clone(), &ProduceOptions::default())
+            .await
+        {
+            Ok(_) => {
+                lat.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(t.elapsed());
+                return Ok(());
+            }
+            Err(e) if matches!(e.status().map(|s| s.as_u16()), Some(503 | 429)) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(format!("e2e produce: {e}")),
+        }
+    }
+    Err("e2e produce: still 503 after 50 tries".into())
 }
 
 /// Nothing sent for `--e2e-idle-seconds` while the consumers wait.
