@@ -322,11 +322,6 @@ fn consumer_counts(seen: &Seen) -> (usize, usize, Duration) {
     )
 }
 
-/// Dollars at S3 Standard prices for `counts` (LIST billed as a PUT).
-fn dollars(counts: &Counts) -> f64 {
-    counts.s3_standard_dollars()
-}
-
 fn print(
     b: &Bench,
     args: &BenchArgs,
@@ -424,7 +419,7 @@ fn print_phase(p: &Figures, consumers: usize) {
 fn print_idle(p: &Figures, consumers: usize) {
     let s = p.elapsed.as_secs_f64().max(0.001);
     let c = &p.counts;
-    let per_month = dollars(c) / s * 30.0 * 24.0 * 3600.0;
+    let per_month = c.s3_standard_dollars() / s * 30.0 * 24.0 * 3600.0;
     println!(
         "{}: {:.1} s, {consumers} consumers waiting: {:.2} GET/s, {:.2} PUT/s, {:.2} LIST/s, {:.2} requests/s; ${per_month:.2} a month at S3 Standard prices (LIST as PUT); consumes answered empty: {}",
         p.name,

@@ -40,16 +40,14 @@ impl Committer {
             if st.running || !st.pending.is_empty() {
                 return Ok(Refreshed::Busy);
             }
-            st.cache.as_ref().map(|c| (c.etag.clone(), c.value.version))
+            st.cache.as_ref().map(|c| c.etag.clone())
         };
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
-        let read = cell
-            .read_unless::<BrokerError>(held.as_ref().map(|(etag, _)| etag))
-            .await?;
+        let read = cell.read_unless::<BrokerError>(held.as_ref()).await?;
         let now = Instant::now();
         let mut st = lock(&q.state);
         let Some(fresh) = read else {
-            let etag = held.and_then(|(etag, _)| etag);
+            let etag = held.flatten();
             if st.cache.as_ref().is_some_and(|c| c.etag == etag) {
                 st.role.watched(now);
             }
