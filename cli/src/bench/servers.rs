@@ -14,6 +14,16 @@ use narad_shared::store::metered::{Counts, Outcome, StoreOp};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// A directory: each `narad serve` the bench starts writes its log there
+/// (`serve-{i}.log`) with [`SERVE_TRACE_FILTER`], a timeline of every request and every
+/// storage request (docs/benchmarks.md, "Where a message's time goes").
+const SERVE_LOG_DIR: &str = "NARAD_BENCH_SERVE_LOG";
+
+/// The log filter of a traced `narad serve`: each HTTP request when done, each produced
+/// and delivered offset, each storage request.
+const SERVE_TRACE_FILTER: &str = "warn,narad_shared::http::trace=debug,\
+     narad_shared::broker=debug,narad_shared::store::metered=trace";
+
 /// What a phase's storage requests and commits add up to, over every server.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Snapshot {
@@ -168,13 +178,23 @@ impl Servers {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut children = Vec::new();
         let mut bases = Vec::new();
-        for _ in 0..k {
+        let trace_dir = std::env::var_os(SERVE_LOG_DIR);
+        for i in 0..k {
+            let (filter, stderr) = match &trace_dir {
+                None => ("warn", Stdio::inherit()),
+                Some(dir) => {
+                    let path = std::path::Path::new(dir).join(format!("serve-{i}.log"));
+                    let file = std::fs::File::create(&path)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    (SERVE_TRACE_FILTER, Stdio::from(file))
+                }
+            };
             let mut child = Command::new(&exe)
                 .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
                 .env("NARAD_AUTH", auth)
-                .env("NARAD_LOG", "warn")
+                .env("NARAD_LOG", filter)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
+                .stderr(stderr)
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| format!("cannot start narad serve: {e}"))?;

@@ -156,6 +156,7 @@ impl Broker {
                     Ok(offsets) => offsets
                         .into_iter()
                         .map(|offset| {
+                            tracing::debug!(partition = p, offset, "produced");
                             Ok(Produced {
                                 partition: p,
                                 offset,
