@@ -277,7 +277,13 @@ impl Broker {
             let room = (MAX_CONSUME_RESPONSE_BYTES - used) as u64 * 2 / 3;
             let want = (max - out.len(), room);
             let answer = match group {
-                Group::Default => self.committer.lease(topic, p, want).await?,
+                Group::Default => {
+                    let likely = self.committer.likely_segment(topic, p);
+                    let lease = self.committer.lease(topic, p, want);
+                    let (answer, ()) =
+                        futures::join!(lease, self.read_beside(&topic.name, p, likely));
+                    answer?
+                }
                 Group::Named(n, rec) => {
                     self.committer
                         .lease_subscription(topic, (n, rec), p, want)
@@ -287,6 +293,10 @@ impl Broker {
             let before = out.len();
             self.take_leased(topic, group, p, answer, &mut out, &mut used)
                 .await?;
+            if out.len() > before {
+                let offsets: Vec<u64> = out[before..].iter().map(|d| d.offset).collect();
+                tracing::debug!(partition = p, ?offsets, "delivered");
+            }
             if partition.is_none() && before == 0 && !out.is_empty() && Some(p) != first {
                 // The cursor's partition had nothing: the next consumes start here.
                 self.sticky

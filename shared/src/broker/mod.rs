@@ -76,6 +76,8 @@ pub struct Broker {
     sticky: sticky::Sticky,
     /// Whether consumes here follow on from one another, per partition (read-ahead).
     followed: read::Followed,
+    /// Segments being read beside a lease's commit ([`Broker::read_beside`]).
+    reading_beside: read::Beside,
     waiting: AtomicI64,
     dead_lettered: AtomicU64,
 }
@@ -155,6 +157,7 @@ impl Broker {
             views: replay::Views::default(),
             sticky,
             followed: read::Followed::default(),
+            reading_beside: read::Beside::default(),
             waiting: AtomicI64::new(0),
             dead_lettered: AtomicU64::new(0),
         })

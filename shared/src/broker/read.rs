@@ -2,13 +2,17 @@
 //! index objects for older offsets, [`crate::objects`]), read segments once per process
 //! through byte-bounded caches, several at a time, and read ahead of a consumer far behind its producers (the
 //! next segments ride along a read that has to happen anyway) when its consumes follow on
-//! from one another in this process ([`Followed`]).
+//! from one another in this process ([`Followed`]). A lease's commit is sent together with
+//! the read of the segment it will most likely get ([`Broker::read_beside`]), so that
+//! delivering it takes no round trip after the commit.
 //!
 //! Segments and index objects are immutable, so cached copies never go stale; a message
 //! whose segment is gone was removed by retention (the caller treats it as expired).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+
+use tracing::Instrument;
 
 use super::Broker;
 use crate::error::{BrokerError, BrokerResult};
@@ -22,6 +26,9 @@ use crate::segment::{Segment, StoredMessage};
 pub(super) const READ_AHEAD_SEGMENTS: usize = 8;
 /// Most payload bytes one read-ahead fetches.
 pub(super) const READ_AHEAD_BYTES: u64 = 8 << 20;
+
+/// Segments read beside leases' commits at once, at most.
+const MAX_READING_BESIDE: usize = 64;
 
 /// Partitions whose last lease this process remembers at most; past this the record
 /// starts again (a partition not consumed from since reads ahead once more).
@@ -57,7 +64,42 @@ impl Followed {
     }
 }
 
+/// Segments this process is reading beside a lease's commit, so that the waiters of one
+/// wake-up, which all guess the same segment, read it once.
+#[derive(Debug, Default)]
+pub(super) struct Beside(Mutex<HashSet<String>>);
+
 impl Broker {
+    /// Reads `seg` of `topic`'s `partition` into the segment cache unless it is there or
+    /// being read already; sent beside a lease's commit with the segment the lease will
+    /// most likely get ([`crate::commit::Committer::likely_segment`]), so that delivering
+    /// it needs no round trip after the commit. A failure is left to the delivery's own
+    /// read.
+    pub(super) async fn read_beside(&self, topic: &str, partition: u32, seg: Option<SegmentRef>) {
+        let Some(seg) = seg else { return };
+        let key = keys::segment(topic, partition, &seg.id);
+        if self.segments.contains(&key) {
+            return;
+        }
+        {
+            let mut reading = self
+                .reading_beside
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if reading.len() >= MAX_READING_BESIDE || !reading.insert(key.clone()) {
+                return;
+            }
+        }
+        let _ = fetch_segment(&self.store, &self.segments, key.clone()).await;
+        let mut reading = self
+            .reading_beside
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        reading.remove(&key);
+    }
+
     /// Reads through this process's caches.
     pub(crate) fn reader(&self) -> Reader<'_> {
         Reader::new(&self.store, &self.segments, &self.indexes)
@@ -143,7 +185,8 @@ impl Broker {
                 continue;
             }
             let (store, cache) = (self.store.clone(), self.segments.clone());
-            tasks.spawn(async move { (seg.id, fetch_segment(&store, &cache, key).await) });
+            let read = async move { (seg.id, fetch_segment(&store, &cache, key).await) };
+            tasks.spawn(read.instrument(tracing::Span::current()));
         }
         while let Some(joined) = tasks.join_next().await {
             let (id, r) =

@@ -195,7 +195,12 @@ impl Committer {
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let mut snap = match cache {
             Some(s) => s,
-            None => cell.read::<BrokerError>().await?,
+            None => {
+                let read = cell.read::<BrokerError>().await?;
+                // Just read: the commit need not confirm it again.
+                lock(&q.state).role.watched(Instant::now());
+                read
+            }
         };
         if snap.etag.is_none() {
             return Ok(Head::Direct(Some(snap)));
@@ -232,7 +237,7 @@ impl Committer {
             Some(l) => l,
             None => {
                 let own_seg = own.segment.as_ref().map(|(s, _)| s.id.as_str());
-                self.list_combinable(q, &snap.value, own_seg).await
+                self.list_confirming(q, &cell, &mut snap, own_seg).await
             }
         };
         if listed.segments.len() + listed.intents.len() > own.intents.len() {

@@ -2,12 +2,14 @@
 //! this process's own combinable segment stands: the reads that let a committer land
 //! other processes' writes without reading them.
 
+use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::cas::{Cell, Snapshot};
 use crate::keys;
 use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::index::{Entries, Index, IndexRef};
@@ -132,6 +134,36 @@ impl Committer {
             listed.segments.retain(|s| s.id != own);
         }
         self.still_pending(q, listed, state)
+    }
+
+    /// Lists the combinable writes pending after `snap` (excluding `own`), and, when the
+    /// held copy is likely stale ([`super::role::Role::confirm_cache_first`]), confirms
+    /// it with a conditional GET sent beside the LIST: the CAS that follows then needs no
+    /// read of its own, so a commit that lists is a write, a LIST and a CAS in a row, not
+    /// four round trips. What was listed is filtered against the state confirmed.
+    pub(super) async fn list_confirming(
+        &self,
+        q: &Queue,
+        cell: &Cell<'_, Manifest>,
+        snap: &mut Snapshot<Manifest>,
+        own: Option<&str>,
+    ) -> Listed {
+        let confirm = lock(&q.state).role.confirm_cache_first(Instant::now());
+        let after = snap.value.combined_through.clone();
+        let read = async {
+            match confirm {
+                true => cell.refresh::<Infallible>(snap).await.is_ok(),
+                false => false,
+            }
+        };
+        let (mut listed, confirmed) = futures::join!(self.list_after(q, &after), read);
+        if confirmed {
+            lock(&q.state).role.watched(Instant::now());
+        }
+        if let Some(own) = own {
+            listed.segments.retain(|s| s.id != own);
+        }
+        self.still_pending(q, listed, &snap.value)
     }
 
     /// The combinable segments and intents listed after `after` (one LIST), before any

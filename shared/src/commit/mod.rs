@@ -60,7 +60,7 @@ use crate::partition::dedup::Chunk;
 use crate::partition::index::Index;
 use crate::partition::lease;
 use crate::partition::produce::NewStored;
-use crate::partition::{Layout, Leased, Manifest, Rules, Settle};
+use crate::partition::{Layout, Leased, Manifest, Rules, SegmentRef, Settle};
 use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
@@ -130,7 +130,7 @@ pub(crate) struct Summary {
     pub frontier: u64,
     /// The hot segment holding the frontier message, when there is one and the manifest
     /// names it directly.
-    pub frontier_segment: Option<crate::partition::SegmentRef>,
+    pub frontier_segment: Option<SegmentRef>,
 }
 
 /// A partition as [`Committer::peek`] sees it.
@@ -497,6 +497,19 @@ impl Committer {
                 ),
             },
         }
+    }
+
+    /// The segment holding the message a lease of `partition` would most likely get
+    /// first, by the copy this process holds ([`lease::first_available`]): `None` when it
+    /// holds none, or that copy shows nothing available. No storage request.
+    pub(crate) fn likely_segment(&self, topic: &Topic, partition: u32) -> Option<SegmentRef> {
+        let key = (topic.name.clone(), topic.incarnation.clone(), partition);
+        let queue = lock(&self.queues).get(&key).cloned()?;
+        let st = lock(&queue.state);
+        let m = &st.cache.as_ref()?.value;
+        let rules = Rules::from(&topic.settings);
+        let offset = lease::first_available(m, self.clock.now_ms(), &rules, &st.keys)?;
+        m.hot_segment_of(offset).cloned()
     }
 
     /// The newest version of `partition`'s manifest whose state answered this process's

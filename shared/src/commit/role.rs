@@ -169,8 +169,8 @@ impl<W: Clone> Role<W> {
                 .is_none_or(|t| now.saturating_duration_since(t) > WATCHED_FOR)
     }
 
-    /// The idle watch confirmed the cached snapshot current at `now` (it read it, or found
-    /// it unchanged).
+    /// The held snapshot was confirmed current at `now`: the idle watch or a combining
+    /// commit read it, or found it unchanged.
     pub(super) fn watched(&mut self, now: Instant) {
         self.watched_at = Some(now);
     }

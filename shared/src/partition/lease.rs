@@ -222,6 +222,18 @@ pub(crate) fn lease(
     out
 }
 
+/// The offset a lease request on `m` at `now` would get first, if any (`None` also when
+/// an ordered pass needs keys `keys` does not know). A guess for reading its segment
+/// beside the lease's commit: another writer may take it first.
+pub(crate) fn first_available(
+    m: &impl Ledger,
+    now: u64,
+    rules: &Rules,
+    keys: &Keys,
+) -> Option<u64> {
+    Cursor::new(m, now, rules.ordered).pick(m, now, rules, keys)
+}
+
 /// When a lease request on `m` could next get anything, if the manifest does not change
 /// meanwhile: `None` when it could now; else `Some(t)`, the earliest deadline of a live
 /// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
@@ -251,6 +263,20 @@ mod tests {
     fn lease_now(m: &mut Manifest, now: u64, rules: &Rules, max: usize) -> Leased {
         let mut cur = Cursor::new(m, now, rules.ordered);
         lease(m, now, rules, (max, u64::MAX), &mut cur, &Keys::default())
+    }
+
+    #[test]
+    fn the_first_available_offset_is_the_one_a_lease_gets_first() {
+        let mut m = manifest_with(5);
+        leased(&mut m, &[0, 1], 3, 1000);
+        let r = rules();
+        assert_eq!(first_available(&m, 500, &r, &Keys::default()), Some(2));
+        let got = lease_now(&mut m.clone(), 500, &r, 1);
+        assert_eq!(offsets(&got), vec![2]);
+        // Past the deadline the lapsed lease's offset comes first again.
+        assert_eq!(first_available(&m, 2000, &r, &Keys::default()), Some(0));
+        leased(&mut m, &[2, 3, 4], 4, 1000);
+        assert_eq!(first_available(&m, 500, &r, &Keys::default()), None);
     }
 
     #[test]
