@@ -11,6 +11,7 @@
 #   LAMBDA_PORT      port to listen on (127.0.0.1), default 9000
 #   LAMBDA_ENV_FILE  KEY=VALUE file with the function's environment (NARAD_STORE, NARAD_AUTH, …)
 #   LAMBDA_CONCURRENCY  instances of the function at most, default 8
+#   LAMBDA_RELEASE   1: build the function in release mode (for measuring; default debug)
 # The function's URL is then http://127.0.0.1:$LAMBDA_PORT/lambda-url/narad-api.
 # The AWS_* variables of the caller reach the function (set AWS_REGION and
 # AWS_EC2_METADATA_DISABLED=true so the SDK never looks for instance metadata).
@@ -69,6 +70,9 @@ start() {
     local env_args=()
     if [[ -n "${LAMBDA_ENV_FILE:-}" ]]; then
         env_args=(--env-file "$LAMBDA_ENV_FILE")
+    fi
+    if [[ "${LAMBDA_RELEASE:-}" == 1 ]]; then
+        env_args+=(--release)
     fi
     log "starting cargo lambda watch on 127.0.0.1:$PORT (log: $LOG)"
     cd "$ROOT"

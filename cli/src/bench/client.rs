@@ -9,11 +9,15 @@ use narad_client::{BatchMessage, ConsumeOptions, ProduceOptions, Settle};
 use serde_json::value::RawValue;
 
 /// The API clients of every server, one per process.
-pub(super) fn api_clients(bases: &[String]) -> Result<Vec<narad_client::Client>, String> {
+pub(super) fn api_clients(
+    bases: &[String],
+    auth: &str,
+) -> Result<Vec<narad_client::Client>, String> {
+    let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
     bases
         .iter()
         .map(|b| {
-            narad_client::Client::new(b, Some(("bench", "bench")))
+            narad_client::Client::new(b, Some((user, password)))
                 .map(|c| c.with_retries(0))
                 .map_err(|e| e.to_string())
         })

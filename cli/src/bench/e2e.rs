@@ -365,6 +365,11 @@ fn print_shape(b: &Bench, args: &BenchArgs, producers: usize, consumers: usize) 
         "sparse: {} messages, one every {} ms; steady: {} msg/s for {} s; idle: {} s",
         args.e2e_sparse, args.e2e_gap_ms, args.e2e_rate, args.e2e_seconds, args.e2e_idle_seconds
     );
+    if let Some(url) = args.url.as_deref().filter(|_| !b.servers.counted()) {
+        println!(
+            "servers: {url}, {k} shares of it; storage requests and CPU not counted (0 below)"
+        );
+    }
     println!();
     println!(
         "{:<7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10}",

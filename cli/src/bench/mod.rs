@@ -111,6 +111,20 @@ pub(crate) struct BenchArgs {
     /// `--e2e`: seconds of the idle phase.
     #[arg(long, default_value_t = 30)]
     pub e2e_idle_seconds: u64,
+    /// `--e2e`: drive the narad already serving at this URL (a Lambda function's URL)
+    /// instead of starting `narad serve` processes; `--processes` then counts shares of
+    /// it (producers through the first half, consumers waiting on the rest), and storage
+    /// requests are not counted (its instances' metrics cannot be summed from here).
+    #[arg(long, requires = "e2e")]
+    pub url: Option<String>,
+    /// `--url`: the credentials, `user:password`.
+    #[arg(
+        long,
+        env = "NARAD_BENCH_AUTH",
+        default_value = "bench:bench",
+        hide_env_values = true
+    )]
+    pub auth: String,
 }
 
 type Handles = Arc<Mutex<Vec<String>>>;
@@ -158,10 +172,12 @@ impl Bench {
             Some(u) => u,
             None => Users::full_rights(&users),
         };
-        let servers = if args.processes == 0 {
-            Servers::in_process(broker_on(store.clone(), &cfg).await?, admitted).await?
-        } else {
-            Servers::processes(args.processes, &args.store, "bench:bench").await?
+        let servers = match (&args.url, args.processes) {
+            (Some(url), k) => Servers::external(url, k.max(2), &args.auth),
+            (None, 0) => {
+                Servers::in_process(broker_on(store.clone(), &cfg).await?, admitted).await?
+            }
+            (None, k) => Servers::processes(k, &args.store, "bench:bench").await?,
         };
         let rotate = args.rotate && servers.bases.len() > 1;
         let workers = match rotate {
@@ -177,7 +193,11 @@ impl Bench {
             "ordering": args.ordering,
         });
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let api = Arc::new(client::api_clients(&servers.bases)?);
+        let auth = match args.url {
+            Some(_) => args.auth.as_str(),
+            None => "bench:bench",
+        };
+        let api = Arc::new(client::api_clients(&servers.bases, auth)?);
         let rotation = rotate.then(Arc::default);
         let clients: Vec<Client> = (0..servers.bases.len())
             .map(|home| Client {
