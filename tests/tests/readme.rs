@@ -1,6 +1,7 @@
-//! The README's walkthrough works when pasted: every fenced `sh` block of README.md, in
-//! order, runs in one bash (`set -euo pipefail`) against a fresh `narad serve`, with only
-//! the address and the credentials of its `export` line replaced, and the `PATH` a user
+//! The README's walkthrough and the docs' blocks work when pasted: every fenced `sh` block
+//! of README.md, then of each page of `docs/` that has them, in order, one bash per page
+//! (`set -euo pipefail`), against a fresh `narad serve`, with only the address and the
+//! credentials of each page's first `export` line replaced, and the `PATH` a user
 //! has: no `narad` on it. The client block then runs `cargo run -q -p narad -- ARGS`, as
 //! it says; here `cargo` is a stand-in that checks it was called exactly so and runs the
 //! `narad` this test run built (a nested `cargo run` would build the binary again with
@@ -30,27 +31,63 @@ fn sh_blocks(markdown: &str) -> Vec<String> {
     blocks
 }
 
+/// Every page that has `sh` blocks, README.md first, then `docs/*.md` by name: its path
+/// and its blocks.
+fn pages_with_blocks() -> Vec<(String, Vec<String>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut paths = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let blocks = sh_blocks(&std::fs::read_to_string(&p).unwrap());
+            let name = p.strip_prefix(&root).unwrap().display().to_string();
+            (!blocks.is_empty()).then_some((name, blocks))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_sh_block_of_the_readme_runs_in_order_against_a_fresh_server() {
+async fn every_sh_block_of_the_readme_and_the_docs_runs_in_order_against_a_fresh_server() {
     if narad_tests::skip_in_external_mode("a narad serve process of its own") {
         return;
     }
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let text = std::fs::read_to_string(readme).unwrap();
-    let blocks = sh_blocks(&text);
-    assert!(blocks.len() >= 5, "the README lost its walkthrough blocks");
+    let pages = pages_with_blocks();
+    assert_eq!(pages[0].0, "README.md");
     assert!(
-        blocks[0].contains("export NARAD=http://127.0.0.1:8080 AUTH=me:secret"),
-        "the first block sets NARAD and AUTH"
+        pages[0].1.len() >= 3,
+        "the README lost its walkthrough blocks"
+    );
+    assert!(
+        pages.iter().any(|(name, _)| name == "docs/features.md"),
+        "docs/features.md lost its blocks"
     );
     let (url, _dir) = test_store_url();
     let server = Process::start(&url, free_port(), &[]).await;
+    for (name, blocks) in &pages {
+        assert!(
+            blocks[0].contains("export NARAD=http://127.0.0.1:8080 AUTH=me:secret"),
+            "the first block of {name} sets NARAD and AUTH"
+        );
+        run_page(name, blocks, &server.base).await;
+    }
+    server.kill().await;
+}
+
+/// Runs one page's blocks, in order, in one bash against the server at `base`.
+async fn run_page(name: &str, blocks: &[String], base: &str) {
     let script = blocks
         .join("\n")
-        .replace("http://127.0.0.1:8080", &server.base)
+        .replace("http://127.0.0.1:8080", base)
         .replace("AUTH=me:secret", &format!("AUTH={USER}:{PASS}"));
     let work = tempfile::tempdir().unwrap();
-    let path = work.path().join("readme.sh");
+    let path = work.path().join("page.sh");
     std::fs::write(&path, format!("set -euo pipefail\nset -x\n{script}\n")).unwrap();
     // The user's PATH, without any `narad` on it, and `cargo` standing for the build the
     // Quickstart made.
@@ -86,15 +123,14 @@ async fn every_sh_block_of_the_readme_runs_in_order_against_a_fresh_server() {
         .output()
         .await
         .unwrap();
-    server.kill().await;
     assert!(
         out.status.success(),
-        "the README's sh blocks failed:\n--- stdout\n{}\n--- stderr (trace)\n{}",
+        "the sh blocks of {name} failed:\n--- stdout\n{}\n--- stderr (trace)\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     println!(
-        "{} README blocks ran; output:\n{}",
+        "{} blocks of {name} ran; output:\n{}",
         blocks.len(),
         String::from_utf8_lossy(&out.stdout)
     );

@@ -19,7 +19,7 @@
   const HISTORY_MS = 5 * 60 * 1000; // how much of that the charts keep
   const MAX_POLLED_TOPICS = 100; // beyond this many topics the list is read once, not polled
   const DEAD_LETTERS_SHOWN = 25; // dead letters the dead-letter view replays at most
-  const ORIGIN_HEADERS = [ // what the broker adds to a dead letter (README, "Headers")
+  const ORIGIN_HEADERS = [ // what the broker adds to a dead letter (docs/features.md, "Delays, headers and payloads")
     'narad-source-topic', 'narad-source-partition', 'narad-source-offset',
     'narad-source-subscription', 'narad-delivery-count', 'narad-produced-at',
     'narad-dead-lettered-at',
