@@ -5,7 +5,8 @@
 //! than none, so the limit is a place to look, and the map says what was found there.
 //!
 //! It reads text (rustfmt's layout assumed), as `../shared/tools/structure.py` does: test
-//! code (`#[cfg(test)]` tails, `testing/` folders and the `tests` crate) is left out.
+//! code (`#[cfg(test)]` items wherever they stand, `testing/` folders, `tests.rs` files and
+//! the `tests` crate) is left out.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,11 +47,56 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The lines before the first `#[cfg(test)]`.
+/// The lines of `text` outside `#[cfg(test)]` items, wherever they are in the file: an
+/// item that ends on its line (`mod tests;`) is left out with its attribute, and a block
+/// (`mod tests { … }`) up to the brace that closes it.
 fn production_lines(text: &str) -> Vec<&str> {
-    text.lines()
-        .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
-        .collect()
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(l) = lines.next() {
+        if !l.trim_start().starts_with("#[cfg(test)]") {
+            out.push(l);
+            continue;
+        }
+        let mut depth = 0i64;
+        let mut opened = false;
+        for item in lines.by_ref() {
+            let code = code_of(item);
+            depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+            opened |= code.contains('{');
+            let attribute = item.trim_start().starts_with("#[");
+            if (opened && depth <= 0) || (!opened && !attribute && code.trim_end().ends_with(';'))
+            {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A line without its `//` comment and the contents of its string and char literals, for
+/// counting braces.
+fn code_of(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (None, '/') if chars.peek() == Some(&'/') => break,
+            (None, '"') => quote = Some('"'),
+            (None, '\'') if chars.clone().nth(1) == Some('\'') => {
+                chars.next();
+                chars.next();
+            }
+            (None, c) => out.push(c),
+            (Some(_), '\\') => {
+                chars.next();
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+        }
+    }
+    out
 }
 
 fn is_ident(c: char) -> bool {
@@ -267,7 +313,7 @@ fn check() -> Report {
                 .to_string_lossy()
                 .replace('\\', "/");
             let named = rel.strip_prefix("shared/src/").unwrap_or(&rel).to_owned();
-            if rel.contains("/testing/") {
+            if rel.contains("/testing/") || rel.ends_with("/tests.rs") {
                 continue;
             }
             if prod.len() > MAX_FILE {
@@ -416,4 +462,7 @@ fn the_check_finds_what_it_looks_for() {
         vec![(1, "long".to_owned(), MAX_FN + 2)]
     );
     assert_eq!(production_lines("a\n#[cfg(test)]\nmod tests {}"), vec!["a"]);
+    // Test items anywhere in a file are left out, and what follows them is counted.
+    let text = "a\n#[cfg(test)]\nmod tests;\nb\n#[cfg(test)]\n#[allow(x)]\nfn t() {\n  let s = \"}\";\n  if x { '{' }\n}\nc";
+    assert_eq!(production_lines(text), vec!["a", "b", "c"]);
 }
