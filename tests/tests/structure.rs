@@ -65,8 +65,7 @@ fn production_lines(text: &str) -> Vec<&str> {
             depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
             opened |= code.contains('{');
             let attribute = item.trim_start().starts_with("#[");
-            if (opened && depth <= 0) || (!opened && !attribute && code.trim_end().ends_with(';'))
-            {
+            if (opened && depth <= 0) || (!opened && !attribute && code.trim_end().ends_with(';')) {
                 break;
             }
         }
