@@ -69,6 +69,28 @@ impl Followed {
 #[derive(Debug, Default)]
 pub(super) struct Beside(Mutex<HashSet<String>>);
 
+impl Beside {
+    /// Claims `key` for one read, unless it is claimed already or too many are: the claim
+    /// ends when the returned guard drops, also when the consume is cancelled mid-read.
+    fn claim(&self, key: &str) -> Option<Claim<'_>> {
+        let mut reading = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if reading.len() >= MAX_READING_BESIDE || !reading.insert(key.to_owned()) {
+            return None;
+        }
+        Some(Claim(self, key.to_owned()))
+    }
+}
+
+/// One claimed read of [`Beside`].
+struct Claim<'a>(&'a Beside, String);
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut reading = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
+        reading.remove(&self.1);
+    }
+}
+
 impl Broker {
     /// Reads `seg` of `topic`'s `partition` into the segment cache unless it is there or
     /// being read already; sent beside a lease's commit with the segment the lease will
@@ -81,23 +103,10 @@ impl Broker {
         if self.segments.contains(&key) {
             return;
         }
-        {
-            let mut reading = self
-                .reading_beside
-                .0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if reading.len() >= MAX_READING_BESIDE || !reading.insert(key.clone()) {
-                return;
-            }
-        }
-        let _ = fetch_segment(&self.store, &self.segments, key.clone()).await;
-        let mut reading = self
-            .reading_beside
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        reading.remove(&key);
+        let Some(_claim) = self.reading_beside.claim(&key) else {
+            return;
+        };
+        let _ = fetch_segment(&self.store, &self.segments, key).await;
     }
 
     /// Reads through this process's caches.
@@ -231,7 +240,20 @@ impl Broker {
 
 #[cfg(test)]
 mod tests {
-    use super::Followed;
+    use super::{Beside, Followed};
+
+    #[test]
+    fn a_read_beside_is_claimed_once_and_released_when_dropped() {
+        let b = Beside::default();
+        let first = b.claim("k");
+        assert!(first.is_some());
+        assert!(b.claim("k").is_none(), "one read of a segment at a time");
+        drop(first);
+        assert!(
+            b.claim("k").is_some(),
+            "a dropped (cancelled) read frees its claim"
+        );
+    }
 
     #[test]
     fn a_lone_consumer_follows_on_and_a_rotating_one_does_not() {

@@ -129,7 +129,18 @@ impl Committer {
         state: &Manifest,
         own: Option<&str>,
     ) -> Listed {
-        let mut listed = self.list_after(q, &state.combined_through).await;
+        let listed = self.list_after(q, &state.combined_through).await;
+        self.pending_besides(q, listed, own, state)
+    }
+
+    /// What of `listed` is another writer's and still pending in `state`.
+    fn pending_besides(
+        &self,
+        q: &Queue,
+        mut listed: Listed,
+        own: Option<&str>,
+        state: &Manifest,
+    ) -> Listed {
         if let Some(own) = own {
             listed.segments.retain(|s| s.id != own);
         }
@@ -156,14 +167,11 @@ impl Committer {
                 false => false,
             }
         };
-        let (mut listed, confirmed) = futures::join!(self.list_after(q, &after), read);
+        let (listed, confirmed) = futures::join!(self.list_after(q, &after), read);
         if confirmed {
             lock(&q.state).role.watched(Instant::now());
         }
-        if let Some(own) = own {
-            listed.segments.retain(|s| s.id != own);
-        }
-        self.still_pending(q, listed, &snap.value)
+        self.pending_besides(q, listed, own, &snap.value)
     }
 
     /// The combinable segments and intents listed after `after` (one LIST), before any

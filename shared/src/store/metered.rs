@@ -224,91 +224,99 @@ impl MeteredStore {
         self.counts[op as usize][outcome as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts the request, and traces it (`NARAD_LOG=narad_shared::store::metered=trace`:
-    /// every storage request with its key, outcome and duration, for a timeline).
-    fn traced<T>(&self, op: StoreOp, key: &str, started: Instant, r: &StoreResult<T>) {
-        self.record(op, r);
+    /// Runs `request` on the inner store, counts it, and traces it
+    /// (`NARAD_LOG=narad_shared::store::metered=trace`: every storage request with its key,
+    /// outcome and duration, for a timeline).
+    async fn metered<T>(
+        &self,
+        op: StoreOp,
+        key: &str,
+        request: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let started = Instant::now();
+        let r = request.await;
+        self.record(op, &r);
         tracing::trace!(
             op = op.name(),
             key,
-            outcome = ?Outcome::of(r),
+            outcome = ?Outcome::of(&r),
             us = started.elapsed().as_micros() as u64,
             "store"
         );
+        r
     }
 }
 
 #[async_trait]
 impl Store for MeteredStore {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
-        let started = Instant::now();
-        let r = self.inner.get(key).await;
-        self.traced(StoreOp::Get, key, started, &r);
-        r
+        self.metered(StoreOp::Get, key, self.inner.get(key)).await
     }
 
     async fn get_if_changed(&self, key: &str, etag: &ETag) -> StoreResult<Fetched> {
-        let started = Instant::now();
-        let r = self.inner.get_if_changed(key, etag).await;
-        self.traced(StoreOp::Get, key, started, &r);
-        r
+        self.metered(StoreOp::Get, key, self.inner.get_if_changed(key, etag))
+            .await
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
-        let started = Instant::now();
-        let r = self.inner.put_if_absent(key, data).await;
-        self.traced(StoreOp::PutIfAbsent, key, started, &r);
-        r
+        self.metered(
+            StoreOp::PutIfAbsent,
+            key,
+            self.inner.put_if_absent(key, data),
+        )
+        .await
     }
 
     async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
-        let started = Instant::now();
-        let r = self.inner.put_if_match(key, data, etag).await;
-        self.traced(StoreOp::PutIfMatch, key, started, &r);
-        r
+        self.metered(
+            StoreOp::PutIfMatch,
+            key,
+            self.inner.put_if_match(key, data, etag),
+        )
+        .await
     }
 
     async fn delete(&self, key: &str) -> StoreResult<()> {
-        let started = Instant::now();
-        let r = self.inner.delete(key).await;
-        self.traced(StoreOp::Delete, key, started, &r);
-        r
+        self.metered(StoreOp::Delete, key, self.inner.delete(key))
+            .await
     }
 
     async fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        let started = Instant::now();
-        let r = self.inner.list(prefix).await;
-        self.traced(StoreOp::List, prefix, started, &r);
-        r
+        self.metered(StoreOp::List, prefix, self.inner.list(prefix))
+            .await
     }
 
     async fn list_after(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
-        let started = Instant::now();
-        let r = self.inner.list_after(prefix, after, max).await;
-        self.traced(StoreOp::List, prefix, started, &r);
-        r
+        self.metered(
+            StoreOp::List,
+            prefix,
+            self.inner.list_after(prefix, after, max),
+        )
+        .await
     }
 
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>> {
-        let started = Instant::now();
-        let r = self.inner.list_dirs(prefix, after, max).await;
-        self.traced(StoreOp::List, prefix, started, &r);
-        r
+        self.metered(
+            StoreOp::List,
+            prefix,
+            self.inner.list_dirs(prefix, after, max),
+        )
+        .await
     }
 
     async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
-        let started = Instant::now();
-        let r = self.inner.list_files(prefix).await;
-        self.traced(StoreOp::List, prefix, started, &r);
-        r
+        self.metered(StoreOp::List, prefix, self.inner.list_files(prefix))
+            .await
     }
 
     /// Counted as one delete, whatever number of folder keys the store deletes.
     async fn delete_folders(&self, prefix: &str, deleted: &[String]) -> StoreResult<()> {
-        let started = Instant::now();
-        let r = self.inner.delete_folders(prefix, deleted).await;
-        self.traced(StoreOp::Delete, prefix, started, &r);
-        r
+        self.metered(
+            StoreOp::Delete,
+            prefix,
+            self.inner.delete_folders(prefix, deleted),
+        )
+        .await
     }
 
     fn describe(&self) -> String {
