@@ -259,6 +259,20 @@ pub(crate) fn apply(
     rules: &Rules,
     (ops, keys): (&[LedgerOp], &Keys),
 ) -> (Vec<LedgerOutcome>, Option<u64>) {
+    apply_at(state, log, now, rules, (ops, &|_| now, keys))
+}
+
+/// As [`apply`], with each operation judged at its own time `at(i)` (an intent's,
+/// [`Intent::applied_at`]): a settle at it, a lease running its visibility timeout from
+/// it. The pass over available messages begins at `now` (a lapse it has not counted only
+/// makes it more careful), as [`super::batch::apply`] does.
+fn apply_at(
+    state: &mut SubscriptionState,
+    log: &Manifest,
+    now: u64,
+    rules: &Rules,
+    (ops, at, keys): (&[LedgerOp], &dyn Fn(usize) -> u64, &Keys),
+) -> (Vec<LedgerOutcome>, Option<u64>) {
     state.catch_up(log);
     let mut out: Vec<Option<LedgerOutcome>> = vec![None; ops.len()];
     let mut view = state.over(log);
@@ -269,7 +283,7 @@ pub(crate) fn apply(
             action,
         } = *op
         {
-            let r = settle::settle(&mut view, now, rules, offset, lease_id, action);
+            let r = settle::settle(&mut view, at(i), rules, offset, lease_id, action);
             out[i] = Some(LedgerOutcome::Settled(r));
         }
     }
@@ -282,7 +296,7 @@ pub(crate) fn apply(
     let mut cursor = Cursor::new(&view, now, rules.ordered);
     for (i, op) in ops.iter().enumerate() {
         if let LedgerOp::Lease { max, max_bytes } = *op {
-            let got = lease::lease(&mut view, now, rules, (max, max_bytes), &mut cursor, keys);
+            let got = lease::lease(&mut view, at(i), rules, (max, max_bytes), &mut cursor, keys);
             out[i] = Some(LedgerOutcome::Leased(got));
         }
     }
@@ -336,8 +350,14 @@ pub(crate) fn apply_landing(
         .copied()
         .chain(pending.iter().map(|i| op_of(i.ask)))
         .collect();
-    let (mut out, wants) = apply(state, log, now, rules, (&all, keys));
-    let theirs = out.split_off(ops.len());
+    // A commit may list an intent written after it began: judged at its own time.
+    let own = ops.len();
+    let at = |i: usize| {
+        i.checked_sub(own)
+            .map_or(now, |j| pending[j].applied_at(now))
+    };
+    let (mut out, wants) = apply_at(state, log, now, rules, (&all, &at, keys));
+    let theirs = out.split_off(own);
     for (i, got) in pending.iter().zip(theirs) {
         let outcome = match got {
             LedgerOutcome::Leased(l) => Outcome::leased(state.version, &l),
@@ -755,6 +775,67 @@ mod tests {
         // Passed over: an id at or below `combined_through` never lands.
         let late = intent(21, "e", ack_ask(1, 4));
         assert_eq!(intent::status(&s, &late.id), intent::Status::Dead);
+    }
+
+    #[test]
+    fn an_intent_written_after_the_batch_began_runs_its_lease_from_its_own_time() {
+        // The batch's clock read 1000; it listed intents written at 1800 and 2000 on a
+        // later attempt. Their leases must run a full visibility timeout from then.
+        let log = manifest_with(2);
+        let r = rules();
+        let vis = r.visibility_timeout_ms;
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        let one = LedgerOp::Lease {
+            max: 1,
+            max_bytes: u64::MAX,
+        };
+        apply(&mut s, &log, 900, &r, (&[one], &Keys::default()));
+        let lease_id = s.leases[&0].lease_id;
+        let extend = intent(
+            1800,
+            "a",
+            Ask::Settle {
+                offset: 0,
+                lease_id,
+                action: Settle::Extend,
+            },
+        );
+        let lease = intent(
+            2000,
+            "b",
+            Ask::Lease {
+                max: 1,
+                max_bytes: u64::MAX,
+            },
+        );
+        let listed = [extend.clone(), lease];
+        let (_, _, landed) =
+            apply_landing(&mut s, &log, 1000, &r, (&[], &Keys::default()), &listed);
+        assert_eq!(landed, 2);
+        assert_eq!(
+            intent::status(&s, &extend.id),
+            intent::Status::Decided(Outcome::Done)
+        );
+        assert_eq!(s.leases[&0].deadline_ms, 1800 + vis);
+        assert_eq!(s.leases[&1].deadline_ms, 2000 + vis);
+        // An ack is judged at its own time too: asked after the lease lapsed, it is gone.
+        let mut s = SubscriptionState::new(&origin("a", 0));
+        apply(&mut s, &log, 100, &r, (&[one], &Keys::default()));
+        let lapsed = s.leases[&0].clone();
+        let late = intent(100 + vis + 1, "c", ack_ask(0, lapsed.lease_id));
+        let listed = std::slice::from_ref(&late);
+        apply_landing(
+            &mut s,
+            &log,
+            100 + vis - 1,
+            &r,
+            (&[], &Keys::default()),
+            listed,
+        );
+        assert_eq!(
+            intent::status(&s, &late.id),
+            intent::Status::Decided(Outcome::Gone)
+        );
     }
 
     #[test]
