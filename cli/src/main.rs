@@ -216,6 +216,10 @@ async fn main() -> ExitCode {
     }
 }
 
+/// How long a stopping `narad serve` lets commits already queued land, after its
+/// connections are drained.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn serve(
     listen: Option<String>,
     store_url: Option<String>,
@@ -263,6 +267,9 @@ async fn serve(
     println!("narad: serving {scheme}://{addr} on {described}");
     tracing::info!(%addr, store = %described, "narad serve started");
     http::serve(listener, app, &cfg.http, acceptor, shutdown_signal()).await;
+    // Every request is answered: commits still queued land (or are cut short after the
+    // grace), and no background task outlives the broker.
+    broker.stop(STOP_GRACE).await;
     // A clean stop: this process no longer counts against `narad upgrade finalize`.
     broker.gate().leave().await;
     Ok(())

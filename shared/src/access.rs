@@ -23,13 +23,13 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::runtime::Instant;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::time::Instant;
 
 use crate::config::{Config, ConfigError, Credential};
 
@@ -321,11 +321,11 @@ impl Users {
                     return Some(user);
                 }
                 let (phc, password) = (phc.clone(), password.to_owned());
-                let ok = tokio::task::spawn_blocking(move || verify_phc(&phc, &password))
+                let ok = crate::runtime::blocking(move || verify_phc(&phc, &password))
                     .await
                     .unwrap_or(false);
                 if ok {
-                    self.lock().put(key, Instant::now());
+                    self.lock().put(key, crate::runtime::now());
                     Some(user)
                 } else {
                     None

@@ -617,7 +617,7 @@ pub(crate) async fn backoff(attempt: u32, entropy: &str) {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     let ms = u64::from_be_bytes(first) % (cap + 1);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
+    crate::runtime::sleep(Duration::from_millis(ms)).await;
 }
 
 #[cfg(test)]

@@ -18,7 +18,9 @@
 //! Beside the flow: [`access`] (users, password hashes, per-topic grants),
 //! [`maintenance`] (gc and compaction, through [`broker::Housekeeping`]), `topic`,
 //! `segment`, `objects` (reading segments and index objects through the caches), `cache`,
-//! `receipt`, `payload`, [`settings`], `keys`, [`clock`], [`config`] (configuration from
+//! `receipt`, `payload`, [`settings`], `keys`, [`clock`], `runtime` (the one place the
+//! core spawns, sleeps and reads a monotonic clock), `dispatch` (the broker's background
+//! tasks, stopped together), [`config`] (configuration from
 //! the environment), [`formats`] (versions of stored formats), [`gate`] (which formats
 //! the fleet may write), [`error`], and [`stored`] (the stored objects, for tools).
 //! Modules without a link are private to this crate.
@@ -28,11 +30,13 @@
 mod cache;
 mod cas;
 mod commit;
+mod dispatch;
 mod keys;
 mod objects;
 mod partition;
 mod payload;
 mod receipt;
+mod runtime;
 mod segment;
 mod topic;
 

@@ -465,3 +465,63 @@ fn the_check_finds_what_it_looks_for() {
     let text = "a\n#[cfg(test)]\nmod tests;\nb\n#[cfg(test)]\n#[allow(x)]\nfn t() {\n  let s = \"}\";\n  if x { '{' }\n}\nc";
     assert_eq!(production_lines(text), vec!["a", "b", "c"]);
 }
+
+/// What only the runtime seam may call (docs/design.md §9, "The runtime seam").
+const RUNTIME_CALLS: [&str; 5] = [
+    "tokio::spawn",
+    "tokio::time::",
+    "tokio::task::",
+    "SystemTime::now",
+    "Instant::now",
+];
+
+/// The files of `shared/src` that may call them: the seam itself, the wall clock, the
+/// HTTP server's accept loop and the stores.
+fn may_call_runtime(rel: &str) -> bool {
+    ["runtime.rs", "clock.rs", "http/serve.rs"].contains(&rel) || rel.starts_with("store/")
+}
+
+/// Production lines of `shared/src` (outside the files allowed) that call the runtime
+/// directly: `path:line: text`.
+fn runtime_calls_outside_the_seam() -> Vec<String> {
+    let src = root().join("shared/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut found = Vec::new();
+    for f in files {
+        let rel = f
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if may_call_runtime(&rel) || rel.ends_with("tests.rs") || rel.contains("testing/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        for l in production_lines(&text) {
+            let code = l.split("//").next().unwrap_or("");
+            if RUNTIME_CALLS.iter().any(|c| code.contains(c)) {
+                found.push(format!("shared/src/{rel}: {}", l.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_core_spawns_sleeps_and_reads_the_time_only_through_the_runtime_seam() {
+    let found = runtime_calls_outside_the_seam();
+    assert!(
+        found.is_empty(),
+        "call crate::runtime (or crate::dispatch for background work) instead:\n{}",
+        found.join("\n")
+    );
+    // The check sees what it looks for, and not in test code.
+    let text =
+        "let t = Instant::now();\n#[cfg(test)]\nmod tests {\n  fn f() { tokio::spawn(x); }\n}";
+    let prod = production_lines(text);
+    assert_eq!(prod, vec!["let t = Instant::now();"]);
+    assert!(RUNTIME_CALLS.iter().any(|c| prod[0].contains(c)));
+    assert!(may_call_runtime("store/s3.rs") && !may_call_runtime("commit/mod.rs"));
+}

@@ -16,8 +16,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use tokio::time::Instant;
-
 use super::long_poll::{Gauge, Waiting};
 use super::sticky::Kind;
 use super::subscriptions::Group;
@@ -139,7 +137,7 @@ impl Broker {
         max: usize,
         watch: &Watch,
     ) -> BrokerResult<Vec<Delivery>> {
-        let deadline = Instant::now() + wait.min(self.opts.max_wait);
+        let deadline = crate::runtime::now() + wait.min(self.opts.max_wait);
         let waker = self.committer.wakers().get(name);
         let mut counted = None;
         loop {
@@ -150,7 +148,7 @@ impl Broker {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let (due, tried) = watch.due();
-            if Instant::now() >= due {
+            if crate::runtime::now() >= due {
                 self.watch_round(watch, tried).await;
             }
             let view = watch.view();
@@ -164,7 +162,7 @@ impl Broker {
             if !got.is_empty() {
                 return Ok(got);
             }
-            let now = Instant::now();
+            let now = crate::runtime::now();
             if now >= deadline {
                 return Ok(got);
             }
@@ -179,7 +177,7 @@ impl Broker {
             tokio::select! {
                 _ = notified => {}
                 _ = changed => {}
-                _ = tokio::time::sleep_until(wake) => {}
+                _ = crate::runtime::sleep_until(wake) => {}
             }
         }
     }

@@ -7,8 +7,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::Broker;
 use crate::error::BrokerResult;
 
@@ -34,7 +32,7 @@ impl Broker {
         F: Fn() -> Fut,
         Fut: Future<Output = BrokerResult<Option<T>>>,
     {
-        let deadline = Instant::now() + wait.min(self.opts.max_wait);
+        let deadline = crate::runtime::now() + wait.min(self.opts.max_wait);
         let waker = self.committer.wakers().get(topic);
         let mut counted = None;
         loop {
@@ -45,14 +43,14 @@ impl Broker {
                 Ok(None) => {}
                 other => return other,
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(crate::runtime::now());
             if left.is_zero() {
                 return Ok(None);
             }
             if counted.is_none() && gauge == Gauge::Counted {
                 counted = Some(Waiting::new(&self.waiting));
             }
-            let _ = tokio::time::timeout(left.min(self.opts.poll_interval), notified).await;
+            let _ = crate::runtime::timeout(left.min(self.opts.poll_interval), notified).await;
         }
     }
 }

@@ -31,6 +31,7 @@ pub(crate) mod topics;
 mod watch;
 
 use crate::cas::CasError;
+use crate::dispatch::Dispatcher;
 use crate::gate::Gate;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
@@ -80,6 +81,8 @@ pub struct Broker {
     reading_beside: read::Beside,
     waiting: AtomicI64,
     dead_lettered: AtomicU64,
+    /// Every background task this broker started.
+    tasks: Arc<Dispatcher>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -105,8 +108,9 @@ impl Broker {
     ) -> BrokerResult<Self> {
         let metered = MeteredStore::new(store);
         let store: DynStore = metered.clone();
+        let tasks = Arc::new(Dispatcher::default());
         // First: a process of a build the fleet has left behind must not start at all.
-        let gate = Gate::join(store.clone(), &*ids, opts.process_ttl).await?;
+        let gate = Gate::join(store.clone(), &*ids, opts.process_ttl, &tasks).await?;
         let key = match Receipts::new(receipt_keys) {
             Some(r) => Ok(Some(r)),
             None => receipt::shared_key(&*store, &*ids)
@@ -133,7 +137,7 @@ impl Broker {
             clock.clone(),
             caches,
             opts.commit_linger,
-            gate.level(),
+            (gate.level(), tasks.clone()),
         ));
         // Seeded from the id source, so that each process draws its own rounds and a
         // seeded test replays.
@@ -160,7 +164,24 @@ impl Broker {
             reading_beside: read::Beside::default(),
             waiting: AtomicI64::new(0),
             dead_lettered: AtomicU64::new(0),
+            tasks,
         })
+    }
+
+    /// Stops this broker's background work ([`crate::dispatch`]): gate renewals and topic
+    /// refreshes at once; commits already queued get up to `grace` to land and answer
+    /// their callers (then they are cut short: their callers get 503, the outcome
+    /// unknown). Returns once no task of this broker runs. Call it after the last request
+    /// was answered (`narad serve` does, after draining its connections); a request
+    /// after it is answered 503.
+    pub async fn stop(&self, grace: std::time::Duration) {
+        self.tasks.stop(grace).await;
+    }
+
+    /// How many background tasks of this broker have not ended (0 once [`Broker::stop`]
+    /// returned).
+    pub fn background_tasks(&self) -> usize {
+        self.tasks.running().values().sum()
     }
 
     /// Opens the configured store and builds a broker on it with the configured clock,

@@ -16,8 +16,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::consume::{Delivery, MAX_CONSUME_BATCH, MAX_CONSUME_RESPONSE_BYTES};
 use super::fan_out::Slots;
 use super::subscriptions::Group;
@@ -182,7 +180,7 @@ impl Broker {
                 acks: Vec::new(),
             });
         }
-        let started = Instant::now();
+        let started = crate::runtime::now();
         let max = max.clamp(1, MAX_CONSUME_BATCH);
         keys::validate_topic(name)?;
         // A process stopped by a newer build checks no signature (its key may be a stand-in).

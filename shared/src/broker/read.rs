@@ -12,8 +12,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use tracing::Instrument;
-
 use super::Broker;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -186,20 +184,19 @@ impl Broker {
         segments: impl Iterator<Item = SegmentRef>,
     ) -> BrokerResult<BTreeMap<String, Arc<Segment>>> {
         let mut out = BTreeMap::new();
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut reads = Vec::new();
         for seg in segments {
             let key = keys::segment(topic, partition, &seg.id);
             if let Some(s) = self.segments.get(&key) {
                 out.insert(seg.id, s);
                 continue;
             }
-            let (store, cache) = (self.store.clone(), self.segments.clone());
-            let read = async move { (seg.id, fetch_segment(&store, &cache, key).await) };
-            tasks.spawn(read.instrument(tracing::Span::current()));
+            let (store, cache) = (&self.store, &self.segments);
+            reads.push(async move { (seg.id, fetch_segment(store, cache, key).await) });
         }
-        while let Some(joined) = tasks.join_next().await {
-            let (id, r) =
-                joined.map_err(|e| BrokerError::Internal(format!("segment read: {e}")))?;
+        // Concurrent within this request's task (dropped with it): the reads wait on
+        // storage, not on a CPU.
+        for (id, r) in futures::future::join_all(reads).await {
             if let Some(s) = r? {
                 out.insert(id, s);
             }

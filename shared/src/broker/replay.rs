@@ -6,8 +6,8 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::runtime::Instant;
 use bytes::Bytes;
-use tokio::time::Instant;
 
 use super::long_poll::Gauge;
 use super::{check_partition, Broker, Delivery};
@@ -191,7 +191,7 @@ impl Views {
         let view = View {
             incarnation: topic.incarnation.clone(),
             version: m.version,
-            read_at: Instant::now(),
+            read_at: crate::runtime::now(),
             frontier: m.frontier,
             layout: layout.clone(),
             delivered: m

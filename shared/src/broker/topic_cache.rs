@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use crate::cas::Snapshot;
 use crate::error::{BrokerError, BrokerResult};
@@ -132,7 +132,7 @@ impl TopicCache {
 
     fn entry(&self, topic: Topic) -> Entry {
         Entry {
-            at: Instant::now(),
+            at: crate::runtime::now(),
             topic,
             put: self.puts.fetch_add(1, Ordering::Relaxed),
             refreshing: false,

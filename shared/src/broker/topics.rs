@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::topic_cache::{Lookup, Refresh};
 use super::Broker;
 use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
+use crate::dispatch::Kind;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::{Layout, Ledger, Manifest};
@@ -99,7 +100,7 @@ impl Broker {
     fn refresh_topic(&self, name: &str, refresh: Refresh) {
         let (store, ids, topics) = (self.store.clone(), self.ids.clone(), self.topics.clone());
         let name = name.to_owned();
-        tokio::spawn(async move {
+        let work = async move {
             let key = keys::topic_settings(&name);
             let cell = Cell::new(&*store, &*ids, &key, &());
             let read = match cell.read::<BrokerError>().await {
@@ -110,7 +111,9 @@ impl Broker {
                 }
             };
             topics.refreshed(&name, refresh, read);
-        });
+        };
+        // Not started once the broker stopped: nothing will ask for the topic again.
+        let _ = self.tasks.spawn(Kind::Refresh, work);
     }
 
     /// Reads a topic's settings from the store, refreshing the cache.

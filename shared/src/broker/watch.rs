@@ -25,8 +25,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::runtime::Instant;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use super::Broker;
 use crate::commit::Refreshed;
@@ -189,7 +189,7 @@ impl Watch {
         let r = self.lock();
         let at = match r.at {
             Some(at) => at + r.interval,
-            None => Instant::now(),
+            None => crate::runtime::now(),
         };
         (at, r.tried)
     }
@@ -230,7 +230,7 @@ impl Watch {
     fn record(&self, found: Result<Found, Duration>) {
         let changed = {
             let mut r = self.lock();
-            let now = Instant::now();
+            let now = crate::runtime::now();
             let changed = match found {
                 Ok(f) => {
                     let moved = f.listed && r.manifests != f.manifests;

@@ -13,8 +13,6 @@ use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
 use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
 use super::listing::Listed;
@@ -358,7 +356,11 @@ async fn confirm_first(
     cache: Option<&mut Snapshot<Manifest>>,
 ) -> Confirmed {
     match cache {
-        Some(snap) if lock(&q.state).role.confirm_cache_first(Instant::now()) => {
+        Some(snap)
+            if lock(&q.state)
+                .role
+                .confirm_cache_first(crate::runtime::now()) =>
+        {
             match cell.refresh::<Infallible>(snap).await {
                 Ok(true) => Confirmed::Unchanged,
                 Ok(false) => Confirmed::Changed,
@@ -384,7 +386,7 @@ impl Committer {
         let contended = {
             let mut st = lock(&q.state);
             st.role.took_batch((batch.rules, topic.etag.clone()));
-            st.role.contended(Instant::now())
+            st.role.contended(crate::runtime::now())
         };
         let held = cache.as_ref().map(|s| &s.value);
         let combining = contended && self.combines(&batch, held);
@@ -413,7 +415,7 @@ impl Committer {
             match self.commit(q, work, c, combining, head, may_switch).await {
                 Committed::Done(snap, _) => return snap,
                 Committed::Switched(w, segment) => {
-                    lock(&q.state).role.mark_contended(Instant::now());
+                    lock(&q.state).role.mark_contended(crate::runtime::now());
                     self.stats.switched.fetch_add(1, Ordering::Relaxed);
                     (work, cache, next, written) = (w, None, Next::Combine, segment);
                 }
@@ -535,7 +537,7 @@ impl Committer {
         };
         {
             let mut st = lock(&q.state);
-            st.role.committed(attempts, Instant::now());
+            st.role.committed(attempts, crate::runtime::now());
         }
         if let Some(look) = looked {
             self.looked(q, look, cache.as_ref().map(|s| &s.value));

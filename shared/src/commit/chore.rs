@@ -8,11 +8,11 @@
 //! waits for it before it looks for checkpoints.
 
 use std::future::Future;
-use std::sync::Mutex;
-
-use tokio::task::JoinHandle;
+use std::sync::{Arc, Mutex};
 
 use super::lock;
+use crate::dispatch::{Dispatcher, Kind};
+use crate::runtime::JoinHandle;
 
 /// The running chore of one queue, if any.
 #[derive(Debug, Default)]
@@ -28,17 +28,24 @@ impl Chore {
         }
     }
 
-    /// Runs `work` in the background once the running chore has ended.
-    pub(super) async fn start(&self, work: impl Future<Output = ()> + Send + 'static) {
+    /// Runs `work` in the background (a task of `tasks`) once the running chore has
+    /// ended; in the caller's task when the broker is stopping.
+    pub(super) async fn start(
+        &self,
+        tasks: &Arc<Dispatcher>,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) {
         self.done().await;
-        *lock(&self.0) = Some(tokio::spawn(work));
+        match tasks.spawn(Kind::Chore, work) {
+            Ok(h) => *lock(&self.0) = Some(h),
+            Err(work) => work.await,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -46,15 +53,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn chores_run_one_at_a_time_and_done_waits_for_the_last() {
         let c = Chore::default();
+        let tasks = Arc::new(Dispatcher::default());
         let (log, n) = (
             Arc::new(Mutex::new(Vec::new())),
             Arc::new(AtomicU32::new(0)),
         );
         for i in 0..3u32 {
             let (log, n) = (log.clone(), n.clone());
-            c.start(async move {
+            c.start(&tasks, async move {
                 assert_eq!(n.fetch_add(1, Ordering::SeqCst), 0, "one at a time");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::runtime::sleep(Duration::from_millis(10)).await;
                 lock(&log).push(i);
                 n.fetch_sub(1, Ordering::SeqCst);
             })

@@ -36,8 +36,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::listing::{Listed, ABANDON_MS};
 use super::{lock, Committer, Queue, TopicSeen};
 use crate::cas::{Cell, Snapshot};
@@ -198,14 +196,14 @@ impl Committer {
             None => {
                 let read = cell.read::<BrokerError>().await?;
                 // Just read: the commit need not confirm it again.
-                lock(&q.state).role.watched(Instant::now());
+                lock(&q.state).role.watched(crate::runtime::now());
                 read
             }
         };
         if snap.etag.is_none() {
             return Ok(Head::Direct(Some(snap)));
         }
-        let started = Instant::now();
+        let started = crate::runtime::now();
         // The partition's committer commits this batch itself, at once: its settles and
         // leases go into that commit as they are, and need no intents.
         let committer = lock(&q.state).role.is_committer();
@@ -241,7 +239,7 @@ impl Committer {
             }
         };
         if listed.segments.len() + listed.intents.len() > own.intents.len() {
-            lock(&q.state).role.mark_contended(Instant::now());
+            lock(&q.state).role.mark_contended(crate::runtime::now());
         }
         Ok(Head::Commit(Ready { own, listed, snap }))
     }
@@ -264,7 +262,7 @@ impl Committer {
     ) -> BrokerResult<Waited> {
         for round in 0..MAX_POLLS {
             let holds = Holds::of(batch);
-            tokio::time::sleep(poll_after(round_trip, round == 0, holds)).await;
+            crate::runtime::sleep(poll_after(round_trip, round == 0, holds)).await;
             self.stats.polls.fetch_add(1, Ordering::Relaxed);
             let unchanged = match cell.refresh::<BrokerError>(snap).await {
                 Ok(u) => u,
@@ -272,7 +270,7 @@ impl Committer {
                 Err(e) => return Err(e.into()),
             };
             if !unchanged {
-                lock(&q.state).role.mark_contended(Instant::now());
+                lock(&q.state).role.mark_contended(crate::runtime::now());
             }
             match step(self.own_fate(q, &snap.value, own).await, unchanged) {
                 Step::Answer(base) => return Ok(Waited::Decided(base)),
@@ -296,7 +294,7 @@ impl Committer {
                     ));
                 }
                 Step::Rewrite(dead_segment, dead_intents) => {
-                    let started = Instant::now();
+                    let started = crate::runtime::now();
                     let dead = (dead_segment, &dead_intents[..]);
                     self.rewrite(q, batch, topic, own, dead, &snap.value)
                         .await?;

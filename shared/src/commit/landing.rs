@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use super::listing::{Listed, AHEAD_FOR};
 use super::{Committer, Queue};
@@ -92,7 +92,7 @@ impl Against {
     fn new(state: &Manifest) -> Self {
         Self {
             through: state.combined_through.clone(),
-            at: Instant::now(),
+            at: crate::runtime::now(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Snapshot};
@@ -84,7 +84,7 @@ impl Committer {
         let role = &lock(&q.state).role;
         if combining && role.is_committer() {
             Beside::Ahead(state.combined_through.clone())
-        } else if !combining && role.look_due(Instant::now()) {
+        } else if !combining && role.look_due(crate::runtime::now()) {
             Beside::Look(self.look_after(state))
         } else {
             Beside::Nothing
@@ -100,7 +100,7 @@ impl Committer {
                 None
             }
             Beside::Look(after) => Some(Looked {
-                at: Instant::now(),
+                at: crate::runtime::now(),
                 listed: self.list_after(q, after).await,
             }),
             Beside::Nothing => None,
@@ -159,7 +159,9 @@ impl Committer {
         snap: &mut Snapshot<Manifest>,
         own: Option<&str>,
     ) -> Listed {
-        let confirm = lock(&q.state).role.confirm_cache_first(Instant::now());
+        let confirm = lock(&q.state)
+            .role
+            .confirm_cache_first(crate::runtime::now());
         let after = snap.value.combined_through.clone();
         let read = async {
             match confirm {
@@ -169,7 +171,7 @@ impl Committer {
         };
         let (listed, confirmed) = futures::join!(self.list_after(q, &after), read);
         if confirmed {
-            lock(&q.state).role.watched(Instant::now());
+            lock(&q.state).role.watched(crate::runtime::now());
         }
         self.pending_besides(q, listed, own, &snap.value)
     }
@@ -218,7 +220,7 @@ impl Committer {
         let listed = self.list_after(q, after).await;
         lock(&q.state).ahead = Some(Ahead {
             listed,
-            at: Instant::now(),
+            at: crate::runtime::now(),
         });
     }
 

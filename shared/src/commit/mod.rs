@@ -40,6 +40,7 @@ mod upkeep;
 pub(crate) mod wake;
 mod write;
 
+use crate::dispatch::{Dispatcher, Kind};
 use crate::gate::FleetLevel;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -282,6 +283,8 @@ pub(crate) struct Committer {
     ledgers: ledgers::Ledgers,
     /// The last id given to a batch's span ([`commit_span`]).
     next_id: AtomicU64,
+    /// The broker's background tasks: drains, chores and cleanups are started there.
+    tasks: Arc<Dispatcher>,
     /// Counters.
     pub stats: CommitStats,
 }
@@ -291,11 +294,40 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Waits for the answer to a queued operation.
+/// A drain loop's hold on its queue, for when the loop ends without returning (aborted
+/// by a stopping broker, or a panic): `release` marks the queue drained by nobody and drops
+/// what is still queued, so that each of those callers is answered 503, the outcome
+/// unknown ([`answer`]), instead of waiting for a drain that will not come. A loop that
+/// returns released the queue itself and disarms it.
+struct Cut<F: FnMut()>(Option<F>);
+
+impl<F: FnMut()> Cut<F> {
+    fn new(release: F) -> Self {
+        Self(Some(release))
+    }
+
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnMut()> Drop for Cut<F> {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.as_mut() {
+            release();
+        }
+    }
+}
+
+/// Waits for the answer to a queued operation. A drain that ended without answering
+/// (the broker stopped, or the task panicked) may have landed it or not: 503, the outcome
+/// unknown, never a 500.
 async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
     rx.await.unwrap_or_else(|_| {
-        Err(BrokerError::Internal(
-            "the commit task ended without answering".into(),
+        Err(BrokerError::OutcomeUnknown(
+            "the commit ended without answering (the process is stopping); whether it was \
+             applied is unknown; retry it"
+                .into(),
         ))
     })
 }
@@ -332,7 +364,7 @@ impl Committer {
         clock: Arc<dyn Clock>,
         caches: Caches,
         linger: Duration,
-        level: FleetLevel,
+        (level, tasks): (FleetLevel, Arc<Dispatcher>),
     ) -> Self {
         Self {
             caches,
@@ -345,6 +377,7 @@ impl Committer {
             queues: Mutex::new(HashMap::new()),
             ledgers: ledgers::Ledgers::default(),
             next_id: AtomicU64::new(0),
+            tasks,
             stats: CommitStats::default(),
         }
     }
@@ -615,7 +648,18 @@ impl Committer {
         };
         if start {
             let me = self.clone();
-            tokio::spawn(async move { me.drain(queue).await });
+            // Refused once the broker stopped: the operations queued then are dropped
+            // and their callers answered 503, the outcome unknown ([`answer`]).
+            let q = queue.clone();
+            if self
+                .tasks
+                .spawn(Kind::Drain, async move { me.drain(q).await })
+                .is_err()
+            {
+                let mut st = lock(&queue.state);
+                st.pending.clear();
+                st.running = false;
+            }
         }
     }
 
@@ -641,26 +685,24 @@ impl Committer {
 
     /// Commits batches until the queue is empty.
     async fn drain(self: Arc<Self>, q: Arc<Queue>) {
-        // Should this task ever die mid-batch, the next submit starts a new one.
-        struct Running(Arc<Queue>);
-        impl Drop for Running {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    lock(&self.0.state).running = false;
-                }
-            }
-        }
-        let _running = Running(q.clone());
+        let held = q.clone();
+        let mut cut = Cut::new(move || {
+            let mut st = lock(&held.state);
+            st.running = false;
+            st.pending.clear();
+        });
         loop {
             let busy = lock(&q.state).last_batch > 1;
             if busy && !self.linger.is_zero() {
-                tokio::time::sleep(self.linger).await;
+                crate::runtime::sleep(self.linger).await;
             }
             let next = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
-                    if st.role.idle() == Idle::Stop {
+                    // A stopping broker sweeps no more: what is queued is done.
+                    if st.role.idle() == Idle::Stop || self.tasks.stopping() {
                         st.running = false;
+                        cut.disarm();
                         return;
                     }
                     Next::Sweep(st.cache.take())
@@ -688,7 +730,7 @@ impl Committer {
                     let (cache, landed) = self.sweep(&q, cache).instrument(span).await;
                     let mut st = lock(&q.state);
                     st.cache = cache;
-                    st.role.swept(landed, tokio::time::Instant::now());
+                    st.role.swept(landed, crate::runtime::now());
                 }
             }
         }

@@ -59,15 +59,13 @@ impl Committer {
                 .hot_after(first.base_offset, KEY_READ_SEGMENTS - 1)
                 .to_vec(),
         };
-        let mut tasks = tokio::task::JoinSet::new();
-        for seg in std::iter::once(first).chain(next) {
+        let reads = std::iter::once(first).chain(next).map(|seg| {
             let key = crate::keys::segment(topic, partition, &seg.id);
-            let (store, cache) = (self.store.clone(), self.caches.segments.clone());
-            tasks.spawn(async move { (seg, fetch_segment(&store, &cache, key).await) });
-        }
+            let (store, cache) = (&self.store, &self.caches.segments);
+            async move { (seg, fetch_segment(store, cache, key).await) }
+        });
         let mut added = false;
-        while let Some(joined) = tasks.join_next().await {
-            let Ok((seg, read)) = joined else { continue };
+        for (seg, read) in futures::future::join_all(reads).await {
             match read {
                 Ok(Some(s)) => {
                     for (i, m) in s.messages.iter().enumerate() {

@@ -3,8 +3,6 @@
 //! manifest that changed replaces that copy, so the lease a waiter then queues starts
 //! from the current state and commits at the first try, with no read of its own.
 
-use tokio::time::Instant;
-
 use super::{lock, Committer};
 use crate::cas::Cell;
 use crate::error::{BrokerError, BrokerResult};
@@ -44,7 +42,7 @@ impl Committer {
         };
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let read = cell.read_unless::<BrokerError>(held.as_ref()).await?;
-        let now = Instant::now();
+        let now = crate::runtime::now();
         let mut st = lock(&q.state);
         let Some(fresh) = read else {
             let etag = held.flatten();

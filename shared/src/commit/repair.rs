@@ -152,7 +152,7 @@ impl Committer {
         if first == Found::Healthy {
             return true;
         }
-        tokio::time::sleep(CONFIRM_AFTER).await;
+        crate::runtime::sleep(CONFIRM_AFTER).await;
         // The same object (ETag) damaged again, however it shows it.
         match (self.inspect(&t).await, &first) {
             (Ok(Found::Damaged(Some(again), _)), Found::Damaged(Some(etag), _))
@@ -404,6 +404,6 @@ impl Committer {
                 }
             }
         };
-        q.chore.start(write.in_current_span()).await;
+        q.chore.start(&self.tasks, write.in_current_span()).await;
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use crate::partition::Rules;
 use crate::store::ETag;
@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn contention_lasts_for_a_while_after_its_last_sign() {
-        let t0 = Instant::now();
+        let t0 = crate::runtime::now();
         let mut r: Role = Role::default();
         assert!(!r.contended(t0));
         r.mark_contended(t0);
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_stale_cache_alone_is_not_a_race() {
-        let t0 = Instant::now();
+        let t0 = crate::runtime::now();
         let mut r: Role = Role::default();
         // One conflict on an unconfirmed cache: stale, confirm next time, not contended.
         r.committed(tried(2, false, true), t0);
@@ -312,7 +312,7 @@ mod tests {
 
     #[test]
     fn a_committer_sweeps_until_idle_or_spent_and_a_lost_sweep_stops_it() {
-        let t0 = Instant::now();
+        let t0 = crate::runtime::now();
         let mut r: Role = Role::default();
         assert_eq!(r.idle(), Idle::Stop, "not the committer: nothing to sweep");
         r.become_committer();
@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_process_that_commits_back_to_back_looks_now_and_then() {
-        let t0 = Instant::now();
+        let t0 = crate::runtime::now();
         let step = LOOK_GAP / 2;
         let mut r: Role = Role::default();
         let mut t = t0;

@@ -7,8 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::{lock, Caches, Committer, Queue};
 use crate::cas::Stored;
 use crate::clock::{Clock, ManualClock, RandomIds};
@@ -83,7 +81,7 @@ fn process(w: &World, store: DynStore) -> Arc<Committer> {
         Arc::new(w.clock.clone()),
         Caches::new(1 << 20),
         Duration::ZERO,
-        FleetLevel::fixed(Level::NEWEST),
+        (FleetLevel::fixed(Level::NEWEST), Arc::default()),
     ))
 }
 
@@ -171,7 +169,7 @@ async fn put_empty(w: &World, ids: &[&String]) {
 async fn contended(c: &Committer, t: &Topic) {
     lock(&idle_queue(c, t).await.state)
         .role
-        .mark_contended(Instant::now());
+        .mark_contended(crate::runtime::now());
 }
 
 /// Runs one sweep of `c` as its drain loop would, from its cached snapshot.
@@ -181,7 +179,7 @@ async fn sweep(c: &Committer, t: &Topic) -> bool {
     let (cache, landed) = c.sweep(&q, cache).await;
     let mut st = lock(&q.state);
     st.cache = cache;
-    st.role.swept(landed, Instant::now());
+    st.role.swept(landed, crate::runtime::now());
     landed
 }
 
@@ -399,7 +397,7 @@ async fn an_ordinary_batch_that_keeps_losing_races_turns_to_combining() {
         if a.stats.switched.load(Ordering::Relaxed) > 0 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        crate::runtime::sleep(Duration::from_millis(1)).await;
     }
     assert_eq!(a.stats.switched.load(Ordering::Relaxed), 1, "it switched");
     written(&w, &before, |id| Combinable::parse(id).is_some()).await;
@@ -437,7 +435,7 @@ async fn a_process_that_keeps_winning_looks_and_finds_the_others_waiting() {
         );
     }
     let q = idle_queue(&a, &w.topic).await;
-    assert!(!lock(&q.state).role.contended(Instant::now()));
+    assert!(!lock(&q.state).role.contended(crate::runtime::now()));
     // Another process waits for a combining commit.
     waiting_segment(&w, &a).await;
 
@@ -446,7 +444,7 @@ async fn a_process_that_keeps_winning_looks_and_finds_the_others_waiting() {
     assert_eq!(a.stats.looks.load(Ordering::Relaxed), 1);
     assert_eq!(a.stats.looks_found.load(Ordering::Relaxed), 1);
     assert!(
-        lock(&q.state).role.contended(Instant::now()),
+        lock(&q.state).role.contended(crate::runtime::now()),
         "its next batch combines, landing the other's"
     );
 }

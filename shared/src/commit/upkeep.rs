@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::dispatch::Kind;
 use crate::error::{BrokerError, BrokerResult};
 use crate::formats::Unreadable;
 use crate::keys;
@@ -255,7 +256,7 @@ impl Committer {
             return;
         }
         let (store, topic, p) = (self.store.clone(), q.topic.clone(), q.partition);
-        tokio::spawn(async move {
+        let cleanup = async move {
             let mut stack = dropped.indexes;
             while let Some(r) = stack.pop() {
                 let key = keys::index(&topic, p, &r.id);
@@ -286,7 +287,9 @@ impl Committer {
                 }
                 delete(&store, key).await;
             }
-        });
+        };
+        // Not started once the broker stopped: garbage collection takes them.
+        let _ = self.tasks.spawn(Kind::Cleanup, cleanup);
     }
 }
 

@@ -43,6 +43,7 @@ use serde_json::{Map, Value};
 
 use crate::cas::{self, Cell, JsonRecord};
 use crate::clock::{Clock, IdSource, SystemClock};
+use crate::dispatch::{Dispatcher, Kind};
 use crate::error::{BrokerError, BrokerResult};
 pub use crate::formats::write_time;
 use crate::formats::{Level, Newer};
@@ -203,10 +204,11 @@ impl Gate {
     ///
     /// Errors: [`BrokerError::UpgradeRequired`] when the fleet is at (or being raised to)
     /// a level this build does not read; store failures.
-    pub async fn join(
+    pub(crate) async fn join(
         store: DynStore,
         ids: &dyn IdSource,
         ttl: Duration,
+        tasks: &Arc<Dispatcher>,
     ) -> BrokerResult<Arc<Self>> {
         // A start that meets a moment of throttling (or a spurious conflict, which S3 may
         // answer to a conditional write) tries again, with a new record key.
@@ -220,7 +222,7 @@ impl Gate {
                     cas::backoff(attempt, &format!("join-{attempt}")).await;
                 }
                 Ok(gate) => {
-                    gate.spawn_renewals();
+                    gate.spawn_renewals(tasks);
                     return Ok(gate);
                 }
                 Err(e) => return Err(e),
@@ -376,16 +378,20 @@ impl Gate {
         }
     }
 
-    fn spawn_renewals(self: &Arc<Self>) {
+    /// Renews this process's record every third of its time to live, until the broker
+    /// stops (the task is the dispatcher's) or the gate is dropped.
+    fn spawn_renewals(self: &Arc<Self>, tasks: &Arc<Dispatcher>) {
         let weak = Arc::downgrade(self);
         let every = (self.ttl / 3).max(Duration::from_millis(100));
-        tokio::spawn(async move {
+        let renewals = async move {
             loop {
-                tokio::time::sleep(every).await;
+                crate::runtime::sleep(every).await;
                 let Some(gate) = weak.upgrade() else { return };
                 gate.renew().await;
             }
-        });
+        };
+        // Refused only once the broker stopped: nothing left to renew for.
+        let _ = tasks.spawn(Kind::Renewal, renewals);
     }
 
     /// Deletes this process's record (a clean shutdown), so it stops counting at once.

@@ -93,7 +93,7 @@ pub(super) async fn admit(a: &Admission, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let body = Body::new(Deadline {
         inner: body,
-        sleep: Box::pin(tokio::time::sleep(a.timeout)),
+        sleep: Box::pin(crate::runtime::sleep(a.timeout)),
     });
     let response = next.run(Request::from_parts(parts, body)).await;
     drop(permit);
@@ -120,7 +120,7 @@ pub(super) fn is_body_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 /// A body that fails with [`BodyTimeout`] once its deadline passes.
 struct Deadline {
     inner: Body,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    sleep: Pin<Box<crate::runtime::Sleep>>,
 }
 
 impl HttpBody for Deadline {

@@ -15,11 +15,11 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::runtime::Instant;
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use tokio::time::Instant;
 
 use super::{ApiError, AppState};
 use crate::access::{Action, User};
@@ -100,13 +100,13 @@ impl Throttle {
     fn blocked(&self, addr: IpAddr) -> Option<Duration> {
         let f = *self.lock().peek(&addr)?;
         f.blocked_until
-            .map(|t| t.saturating_duration_since(Instant::now()))
+            .map(|t| t.saturating_duration_since(crate::runtime::now()))
             .filter(|d| !d.is_zero())
     }
 
     /// Counts a failure; returns how long `addr` is throttled if this one tips it over.
     fn failed(&self, addr: IpAddr) -> Option<Duration> {
-        let now = Instant::now();
+        let now = crate::runtime::now();
         let mut c = self.lock();
         let f = c.get_or_insert_mut(addr, || Failures {
             count: 0,

@@ -18,8 +18,6 @@
 //!   (`NARAD_LOG=narad_shared::http::trace=debug` is an access log); failures are already
 //!   logged where they are decided.
 
-use tokio::time::Instant;
-
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::Next;
@@ -48,7 +46,7 @@ pub(super) async fn request(req: Request, next: Next) -> Response {
         topic = topic_segment(req.uri().path()).map(tracing::field::display),
         commit = Empty,
     );
-    let started = Instant::now();
+    let started = crate::runtime::now();
     let mut resp = next.run(req).instrument(span.clone()).await;
     let (status, ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
     span.in_scope(|| tracing::debug!(status, ms, "request done"));

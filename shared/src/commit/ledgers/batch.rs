@@ -6,8 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::change::LedgerChange;
 use super::combine::Awaited;
 use super::known::{note_batch, Known};
@@ -108,7 +106,7 @@ impl Committer {
             }
         };
         if batch.is_empty() && route.landing.is_empty() {
-            lock(&q.state).role.swept(false, Instant::now());
+            lock(&q.state).role.swept(false, crate::runtime::now());
             return known;
         }
         let now = self.clock.now_ms();
@@ -310,7 +308,7 @@ impl Committer {
 
     /// Records in the role and the counters what a commit of `route` did.
     fn committed_ledger(&self, q: &LedgerQueue, route: &Route, did: Did, ok: bool) {
-        let now = Instant::now();
+        let now = crate::runtime::now();
         let own = route.own.as_ref().map(Vec::len);
         let sweep = did.direct == 0 && own.is_none();
         {

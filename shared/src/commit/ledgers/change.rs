@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use super::{Known, LedgerQueue};
 use crate::cas::{Cell, Decision, Snapshot};
@@ -87,7 +87,7 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
                     .await
                     .is_ok()
             {
-                self.log.1 = Instant::now();
+                self.log.1 = crate::runtime::now();
             }
         }
     }
@@ -132,7 +132,7 @@ impl Committer {
         let have = known.log.as_ref().map(|(l, _)| l.value.version);
         let at = (q.topic.as_str(), q.incarnation.as_str(), q.partition);
         if let Some(own) = self.cached_manifest_newer(at, have) {
-            known.log = Some((own, Instant::now()));
+            known.log = Some((own, crate::runtime::now()));
         }
         let stale = match &known.log {
             None => true,
@@ -148,9 +148,9 @@ impl Committer {
         match known.log.as_mut() {
             Some((snap, at)) => {
                 logs.refresh::<BrokerError>(snap).await?;
-                *at = Instant::now();
+                *at = crate::runtime::now();
             }
-            None => known.log = Some((logs.read::<BrokerError>().await?, Instant::now())),
+            None => known.log = Some((logs.read::<BrokerError>().await?, crate::runtime::now())),
         }
         Ok(())
     }
@@ -205,7 +205,7 @@ mod tests {
     #[test]
     fn an_old_log_is_read_again_for_a_lease_never_for_settles() {
         let log = manifest_with(3);
-        let old = Instant::now() - LOG_MAX_AGE - Duration::from_secs(1);
+        let old = crate::runtime::now() - LOG_MAX_AGE - Duration::from_secs(1);
         let ack = LedgerOp::Settle {
             offset: 0,
             lease_id: 1,
@@ -216,7 +216,7 @@ mod tests {
         assert!(!needs_log(
             &[LEASE],
             Some(&state(0)),
-            (&log, Instant::now()),
+            (&log, crate::runtime::now()),
             0
         ));
         assert!(!needs_log(&[ack], Some(&state(0)), (&log, old), 0));

@@ -33,7 +33,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use super::super::batch::MAX_OWN_INTENTS;
 use super::super::combine::{fate, older_pending, poll_after, step, Holds, Own, Step, MAX_POLLS};
@@ -125,7 +125,7 @@ impl Committer {
         }
         {
             let st = lock(&q.state);
-            if !st.role.contended(Instant::now()) || st.role.is_committer() {
+            if !st.role.contended(crate::runtime::now()) || st.role.is_committer() {
                 return false;
             }
         }
@@ -155,7 +155,7 @@ impl Committer {
         let Some(snap) = known.ledger.as_ref() else {
             return Err(BrokerError::Internal("no ledger to wait on".into()));
         };
-        let started = Instant::now();
+        let started = crate::runtime::now();
         let after = snap.value.ids_above().to_owned();
         let own = futures::future::try_join_all(
             ops.iter()
@@ -185,11 +185,11 @@ impl Committer {
             return Err(BrokerError::Internal("no ledger to wait on".into()));
         };
         for round in 0..MAX_POLLS {
-            tokio::time::sleep(poll_after(round_trip, round == 0, Holds::IntentsOnly)).await;
+            crate::runtime::sleep(poll_after(round_trip, round == 0, Holds::IntentsOnly)).await;
             self.stats.polls.fetch_add(1, Ordering::Relaxed);
             let unchanged = cell.refresh::<BrokerError>(snap).await?;
             if !unchanged {
-                lock(&q.state).role.mark_contended(Instant::now());
+                lock(&q.state).role.mark_contended(crate::runtime::now());
             }
             let statuses: Vec<Status> = own
                 .iter()
@@ -218,7 +218,7 @@ impl Committer {
                     ));
                 }
                 Step::Rewrite(_, dead) => {
-                    let started = Instant::now();
+                    let started = crate::runtime::now();
                     self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
                     let after = snap.value.ids_above().to_owned();
                     for i in dead {
@@ -309,7 +309,7 @@ impl Committer {
         let role = &lock(&q.state).role;
         if role.is_committer() {
             LedgerBeside::Ahead(state.combined_through.clone())
-        } else if role.look_due(Instant::now()) {
+        } else if role.look_due(crate::runtime::now()) {
             LedgerBeside::Look(look_after(state, self.clock.now_ms()))
         } else {
             LedgerBeside::Nothing
@@ -329,12 +329,12 @@ impl Committer {
                 let listed = self.list_ledger_intents(q, after).await;
                 lock(&q.state).ahead = Some(LedgerAhead {
                     listed,
-                    at: Instant::now(),
+                    at: crate::runtime::now(),
                 });
                 None
             }
             LedgerBeside::Look(after) => {
-                let at = Instant::now();
+                let at = crate::runtime::now();
                 Some((self.list_ledger_intents(q, after).await, at))
             }
         }
@@ -416,7 +416,7 @@ impl Committer {
                     &q.incarnation,
                 );
                 if logs.refresh::<BrokerError>(log).await.is_ok() {
-                    *at = Instant::now();
+                    *at = crate::runtime::now();
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::runtime::Instant;
 
 use super::{LedgerKey, LedgerQueue};
 use crate::cas::Snapshot;
@@ -109,7 +109,7 @@ pub(super) fn note_batch(known: &mut Known, drained: bool, rules: &Rules, now: u
         *quiet = Some(Quiet {
             log: log.etag.clone(),
             until: lease::quiet_until(&view, now, rules, keys),
-            at: Instant::now(),
+            at: crate::runtime::now(),
         });
     }
 }

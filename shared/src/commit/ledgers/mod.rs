@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use super::role::{Idle, Role};
-use super::{answer, lock, Committer, LeaseAnswer};
+use super::{answer, lock, Committer, Cut, LeaseAnswer};
+use crate::dispatch::Kind;
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, Origin};
 use crate::partition::{Layout, Rules, Settle};
@@ -289,7 +290,14 @@ impl Committer {
         };
         if start {
             let me = self.clone();
-            tokio::spawn(async move { me.drain_ledger(queue).await });
+            // Refused once the broker stopped: as the partition's own queue does.
+            let q = queue.clone();
+            let drain = async move { me.drain_ledger(q).await };
+            if self.tasks.spawn(Kind::Drain, drain).is_err() {
+                let mut st = lock(&queue.state);
+                st.pending.clear();
+                st.running = false;
+            }
         }
     }
 
@@ -299,31 +307,28 @@ impl Committer {
     /// partition's own queue does: the clients answered by the last commit come back in
     /// time to share the next one.
     async fn drain_ledger(self: Arc<Self>, q: Arc<LedgerQueue>) {
-        // Should this task ever die mid-batch, the next submit starts a new one.
-        struct Running(Arc<LedgerQueue>);
-        impl Drop for Running {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    lock(&self.0.state).running = false;
-                }
-            }
-        }
-        let _running = Running(q.clone());
+        let held = q.clone();
+        let mut cut = Cut::new(move || {
+            let mut st = lock(&held.state);
+            st.running = false;
+            st.pending.clear();
+        });
         let mut last_batch = 0;
         loop {
             if last_batch > 1 && !self.linger.is_zero() {
-                tokio::time::sleep(self.linger).await;
+                crate::runtime::sleep(self.linger).await;
             }
             let (batch, rules, known) = {
                 let mut st = lock(&q.state);
                 if st.pending.is_empty() {
                     let with = st.role.sweep_with();
                     match (st.role.idle(), with) {
-                        (Idle::Sweep, Some(rules)) => {
+                        (Idle::Sweep, Some(rules)) if !self.tasks.stopping() => {
                             (Vec::new(), rules, std::mem::take(&mut st.known))
                         }
                         _ => {
                             st.running = false;
+                            cut.disarm();
                             return;
                         }
                     }
