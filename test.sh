@@ -67,6 +67,19 @@ fi
 
 step "formatting (cargo fmt --check)" "1 s" cargo fmt --all -- --check
 step "lints (cargo clippy -D warnings)" "5 s warm; 9 min cold" cargo clippy --workspace --all-targets -- -D warnings
+# The core without sockets, threads or the AWS SDK, as a Worker runs it (docs/design.md §9,
+# "The runtime seam"): narad-shared with its default features off, for wasm32, lints included.
+wasm_core() {
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+        echo "== adding the wasm32-unknown-unknown target (rustup target add wasm32-unknown-unknown)"
+        rustup target add wasm32-unknown-unknown || {
+            echo "== the wasm32-unknown-unknown target cannot be added here: this step needs it" >&2
+            return 1
+        }
+    fi
+    cargo clippy -p narad-shared --target wasm32-unknown-unknown --no-default-features -- -D warnings
+}
+step "the core for wasm32 (cargo clippy -p narad-shared --target wasm32-unknown-unknown)" "5 s warm; 3 min cold" wasm_core
 step "LocalStack S3 (localstack/start.sh)" "2 s; 1 min the first time" localstack/start.sh
 # SeaweedFS's S3 gateway (seaweedfs/start.sh checks its ports are free), signed requests only.
 sw_port=8333 sw_key=narad sw_secret=narad-seaweedfs-secret

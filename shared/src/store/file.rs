@@ -249,6 +249,7 @@ fn sync_dir(dir: &Path) {
 
 /// Open options for a file only its owner may read or write.
 fn private_file() -> OpenOptions {
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut o = OpenOptions::new();
     #[cfg(unix)]
     {

@@ -27,8 +27,10 @@
 
 pub mod file;
 pub mod latency;
+pub mod local;
 pub mod memory;
 pub mod metered;
+#[cfg(feature = "s3")]
 pub mod s3;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -341,13 +343,25 @@ pub async fn open(url: &str) -> StoreResult<DynStore> {
     } else if url == "memory://" || url == "memory" {
         Ok(Arc::new(memory::MemoryStore::new()))
     } else if let Some(rest) = url.strip_prefix("s3://") {
-        let store = s3::S3Store::open(rest).await?;
-        Ok(Arc::new(store))
+        open_s3(rest).await
     } else {
         Err(StoreError::other(format!(
             "unknown store URL {url:?}: expected file://PATH, memory:// or s3://BUCKET[/PREFIX]"
         )))
     }
+}
+
+#[cfg(feature = "s3")]
+async fn open_s3(rest: &str) -> StoreResult<DynStore> {
+    Ok(Arc::new(s3::S3Store::open(rest).await?))
+}
+
+/// A build without the S3 backend (a wasm32 core) refuses `s3://` URLs.
+#[cfg(not(feature = "s3"))]
+async fn open_s3(_: &str) -> StoreResult<DynStore> {
+    Err(StoreError::other(
+        "this build has no S3 backend (narad-shared's `s3` feature)",
+    ))
 }
 
 /// [`open`], with `latency` added to every request when it is not zero (benchmark
