@@ -525,3 +525,105 @@ fn the_core_spawns_sleeps_and_reads_the_time_only_through_the_runtime_seam() {
     assert!(RUNTIME_CALLS.iter().any(|c| prod[0].contains(c)));
     assert!(may_call_runtime("store/s3.rs") && !may_call_runtime("commit/mod.rs"));
 }
+
+/// Modules every file may call without naming them in design.md §9's "may call" column:
+/// the leaves at the end of the map, which call nothing of the flow.
+const LEAVES: [&str; 7] = [
+    "error", "keys", "clock", "runtime", "settings", "formats", "config",
+];
+
+/// The files a §9 cell names: `a/b.rs`, or `a/{b,c}.rs` for several.
+fn expand(cell: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in backticked(cell) {
+        match (name.find('{'), name.find('}')) {
+            (Some(open), Some(close)) if name.ends_with(".rs") => {
+                for part in name[open + 1..close].split(',') {
+                    out.push(format!("{}{part}{}", &name[..open], &name[close + 1..]));
+                }
+            }
+            _ if name.ends_with(".rs") => out.push(name.to_owned()),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The words of a "may call" cell, lower-cased.
+fn words(cell: &str) -> BTreeSet<String> {
+    cell.split(|c: char| !is_ident(c))
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Each file of design.md §9's map with the modules it calls that its "may call" cell does
+/// not name: `path: calls x, y; the map says "…"`.
+fn calls_the_map_does_not_name() -> Vec<String> {
+    let design = std::fs::read_to_string(root().join("docs/design.md")).unwrap();
+    let from = design.find("## §9 Map of the code").unwrap();
+    let src = root().join("shared/src");
+    let mut out = Vec::new();
+    for row in design[from..].lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let (Some(first), Some(may)) = (cells.first(), cells.last()) else {
+            continue;
+        };
+        let may = may.trim_end_matches('|').trim();
+        let allowed = words(may);
+        if allowed.contains("everything") || allowed.contains("tests") {
+            continue;
+        }
+        for file in expand(first) {
+            let path = src.join(&file);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let body: String = production_lines(&text)
+                .iter()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let folder = path.parent().unwrap();
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let mut called: BTreeSet<String> = references(&body, "crate::")
+                .into_iter()
+                .filter(|m| src.join(format!("{m}.rs")).is_file() || src.join(m).is_dir())
+                .collect();
+            for m in references(&body, "super::") {
+                let sibling = folder.join(format!("{m}.rs")).is_file() || folder.join(&m).is_dir();
+                if sibling && m != stem {
+                    called.insert(m);
+                }
+            }
+            // A file's own top-level module is its own layer.
+            let own = file.split('/').next().unwrap().trim_end_matches(".rs");
+            let missing: Vec<String> = called
+                .into_iter()
+                .filter(|m| m != own && !LEAVES.contains(&m.as_str()) && !allowed.contains(m))
+                .collect();
+            if !missing.is_empty() {
+                out.push(format!(
+                    "{file}: calls {}; the map says \"{may}\"",
+                    missing.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn what_each_file_calls_is_what_the_map_says_it_may_call() {
+    let found = calls_the_map_does_not_name();
+    assert!(
+        found.is_empty(),
+        "design.md §9's \"may call\" column leaves out what these files call (name it there, \
+         or call something else):\n{}",
+        found.join("\n")
+    );
+    assert_eq!(
+        expand("`partition/{produce,lease}.rs`"),
+        vec!["partition/produce.rs", "partition/lease.rs"]
+    );
+}
