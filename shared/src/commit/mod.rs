@@ -17,7 +17,10 @@
 //! (the previous batch held more than one operation), so a lone client pays no delay.
 //!
 //! A caller whose request is cancelled does not cancel its operation: once queued it is
-//! committed (a lease granted to a vanished caller simply lapses).
+//! committed (a lease granted to a vanished caller simply lapses). Each queue's drain loop
+//! is a task of the broker's dispatcher ([`crate::dispatch`]): a stopping broker lets it
+//! commit what is queued and then ends it (docs/design.md §6, "Background work and
+//! stopping").
 
 mod batch;
 mod chore;
