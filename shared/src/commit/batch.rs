@@ -177,7 +177,7 @@ impl<'a> BatchCommit<'a> {
             landing,
             upkeeper: Upkeeper::default(),
             // Facts an earlier batch read (offsets never change their message).
-            keys: std::mem::take(&mut lock(&q.state).keys),
+            keys: std::mem::take(&mut lock(&q.state).more.keys),
             wrote: false,
             attempts: 0,
             may_switch: may_switch && !combining,
@@ -381,13 +381,8 @@ impl Committer {
     ) -> Option<Snapshot<Manifest>> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (batch, replies, topic) = split(pending);
-        // Sweeps commit under the rules of the last batch (retention, and the settles and
-        // leases of other processes' intents).
-        let contended = {
-            let mut st = lock(&q.state);
-            st.role.took_batch((batch.rules, topic.etag.clone()));
-            st.role.contended(crate::runtime::now())
-        };
+        // (Sweeps after it commit under its rules: the drain told the role, `queue.rs`.)
+        let contended = lock(&q.state).role.contended(crate::runtime::now());
         let held = cache.as_ref().map(|s| &s.value);
         let combining = contended && self.combines(&batch, held);
         let mut work = Work {

@@ -31,6 +31,8 @@ pub(crate) use ledgers::Figures;
 mod listing;
 mod ordering;
 mod produces;
+mod queue;
+use queue::{Drained, QueueState};
 mod refresh;
 pub(crate) use refresh::Refreshed;
 mod repair;
@@ -43,7 +45,7 @@ mod upkeep;
 pub(crate) mod wake;
 mod write;
 
-use crate::dispatch::{Dispatcher, Kind};
+use crate::dispatch::Dispatcher;
 use crate::gate::FleetLevel;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -70,7 +72,6 @@ use crate::store::{DynStore, ETag};
 use crate::topic::Topic;
 
 pub(crate) use repair::Repair;
-use role::{Idle, Role};
 pub(crate) use wake::Wakers;
 
 /// A segment older than this is never committed (garbage collection's grace period is
@@ -189,20 +190,12 @@ impl Pending {
     }
 }
 
+/// What only the partition's queue keeps ([`queue::QueueState::more`]).
 #[derive(Default)]
-struct QueueState {
-    pending: Vec<Pending>,
-    running: bool,
-    cache: Option<Snapshot<Manifest>>,
-    /// Operations in the previous batch: lingering pays only when there is company.
-    last_batch: usize,
-    /// This process's part on the partition when other processes write it too.
-    role: Role,
+struct PartitionMore {
     /// Message keys the last batch read for per-key ordering, at or above the frontier
     /// (facts: the next batch starts from them, and [`Committer::peek`] uses them).
     keys: lease::Keys,
-    /// What the committer listed while its last commit was in flight.
-    ahead: Option<listing::Ahead>,
 }
 
 /// One partition's queue.
@@ -216,7 +209,8 @@ struct Queue {
     tag: String,
     /// When the topic was created (segments older than that are an earlier topic's).
     created_at_ms: u64,
-    state: Mutex<QueueState>,
+    /// Its operations, role and cached manifest ([`queue::QueueState::held`]).
+    state: Mutex<QueueState<Queue>>,
     /// What its last commit left to do after answering.
     chore: chore::Chore,
     /// The newest manifest version whose state answered this process's callers (0:
@@ -295,31 +289,6 @@ pub(crate) struct Committer {
 /// Locks `m`, recovering from poisoning (every critical section leaves consistent state).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A drain loop's hold on its queue, for when the loop ends without returning (aborted
-/// by a stopping broker, or a panic): `release` marks the queue drained by nobody and drops
-/// what is still queued, so that each of those callers is answered 503, the outcome
-/// unknown ([`answer`]), instead of waiting for a drain that will not come. A loop that
-/// returns released the queue itself and disarms it.
-struct Cut<F: FnMut()>(Option<F>);
-
-impl<F: FnMut()> Cut<F> {
-    fn new(release: F) -> Self {
-        Self(Some(release))
-    }
-
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl<F: FnMut()> Drop for Cut<F> {
-    fn drop(&mut self) {
-        if let Some(release) = self.0.as_mut() {
-            release();
-        }
-    }
 }
 
 /// Waits for the answer to a queued operation. A drain that ended without answering
@@ -521,7 +490,7 @@ impl Committer {
         if st.running || !st.pending.is_empty() {
             return Peek::Busy;
         }
-        match &st.cache {
+        match &st.held {
             None => Peek::Unknown,
             Some(snap) => Peek::Known {
                 etag: snap.etag.clone(),
@@ -529,7 +498,7 @@ impl Committer {
                     &snap.value,
                     self.clock.now_ms(),
                     &Rules::from(&topic.settings),
-                    &st.keys,
+                    &st.more.keys,
                 ),
             },
         }
@@ -542,9 +511,9 @@ impl Committer {
         let key = (topic.name.clone(), topic.incarnation.clone(), partition);
         let queue = lock(&self.queues).get(&key).cloned()?;
         let st = lock(&queue.state);
-        let m = &st.cache.as_ref()?.value;
+        let m = &st.held.as_ref()?.value;
         let rules = Rules::from(&topic.settings);
-        let offset = lease::first_available(m, self.clock.now_ms(), &rules, &st.keys)?;
+        let offset = lease::first_available(m, self.clock.now_ms(), &rules, &st.more.keys)?;
         m.hot_segment_of(offset).cloned()
     }
 
@@ -570,7 +539,7 @@ impl Committer {
         let key = (topic.to_owned(), incarnation.to_owned(), partition);
         let queue = lock(&self.queues).get(&key)?.clone();
         let st = lock(&queue.state);
-        st.cache
+        st.held
             .as_ref()
             .filter(|c| than.is_none_or(|v| c.value.version > v))
             .cloned()
@@ -610,7 +579,7 @@ impl Committer {
                 continue;
             }
             let st = lock(&q.state);
-            let Some(snap) = &st.cache else { continue };
+            let Some(snap) = &st.held else { continue };
             let m = &snap.value;
             let unsettled = m.next_offset - m.frontier;
             out.push(Summary {
@@ -634,36 +603,16 @@ impl Committer {
     /// two batches: [`batch_len`]), and starts its drain task if none runs.
     fn enqueue(self: &Arc<Self>, topic: &Topic, partition: u32, ops: impl IntoIterator<Item = Op>) {
         let queue = self.queue(topic, partition);
-        let start = {
-            let mut st = lock(&queue.state);
-            for op in ops {
-                st.pending.push(Pending {
-                    op,
-                    rules: Rules::from(&topic.settings),
-                    topic: TopicSeen {
-                        etag: topic.etag.clone(),
-                        fresh: !topic.from_cache,
-                    },
-                    span: tracing::Span::current(),
-                });
-            }
-            !std::mem::replace(&mut st.running, true)
-        };
-        if start {
-            let me = self.clone();
-            // Refused once the broker stopped: the operations queued then are dropped
-            // and their callers answered 503, the outcome unknown ([`answer`]).
-            let q = queue.clone();
-            if self
-                .tasks
-                .spawn(Kind::Drain, async move { me.drain(q).await })
-                .is_err()
-            {
-                let mut st = lock(&queue.state);
-                st.pending.clear();
-                st.running = false;
-            }
-        }
+        let pending = ops.into_iter().map(|op| Pending {
+            op,
+            rules: Rules::from(&topic.settings),
+            topic: TopicSeen {
+                etag: topic.etag.clone(),
+                fresh: !topic.from_cache,
+            },
+            span: tracing::Span::current(),
+        });
+        self.enqueue_on(&queue, pending);
     }
 
     /// The partition's queue, made on first use.
@@ -685,59 +634,6 @@ impl Committer {
             })
             .clone()
     }
-
-    /// Commits batches until the queue is empty.
-    async fn drain(self: Arc<Self>, q: Arc<Queue>) {
-        let held = q.clone();
-        let mut cut = Cut::new(move || {
-            let mut st = lock(&held.state);
-            st.running = false;
-            st.pending.clear();
-        });
-        loop {
-            let busy = lock(&q.state).last_batch > 1;
-            if busy && !self.linger.is_zero() {
-                crate::runtime::sleep(self.linger).await;
-            }
-            let next = {
-                let mut st = lock(&q.state);
-                if st.pending.is_empty() {
-                    // A stopping broker sweeps no more: what is queued is done.
-                    if st.role.idle() == Idle::Stop || self.tasks.stopping() {
-                        st.running = false;
-                        cut.disarm();
-                        return;
-                    }
-                    Next::Sweep(st.cache.take())
-                } else {
-                    let n = batch_len(&st.pending);
-                    let batch: Vec<Pending> = st.pending.drain(..n).collect();
-                    st.last_batch = batch.len();
-                    Next::Batch(batch, st.cache.take())
-                }
-            };
-            // Batches and sweeps share one id sequence, for the logs.
-            let id = self.next_id.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-            match next {
-                Next::Batch(batch, cache) => {
-                    let span = commit_span("commit", &q, id, batch.len());
-                    for p in &batch {
-                        span.follows_from(&p.span);
-                        p.span.record("commit", id);
-                    }
-                    let cache = self.run_batch(&q, batch, cache).instrument(span).await;
-                    lock(&q.state).cache = cache;
-                }
-                Next::Sweep(cache) => {
-                    let span = commit_span("sweep", &q, id, 0);
-                    let (cache, landed) = self.sweep(&q, cache).instrument(span).await;
-                    let mut st = lock(&q.state);
-                    st.cache = cache;
-                    st.role.swept(landed, crate::runtime::now());
-                }
-            }
-        }
-    }
 }
 
 /// The span one batch (or sweep) of `q` runs in: the id its requests' spans record, and
@@ -756,14 +652,6 @@ fn commit_span(kind: &'static str, q: &Queue, id: u64, ops: usize) -> tracing::S
     )
 }
 
-/// What the drain loop does next.
-enum Next {
-    /// Commit these queued operations from this cached snapshot.
-    Batch(Vec<Pending>, Option<Snapshot<Manifest>>),
-    /// Sweep other processes' pending segments ([`combine`]).
-    Sweep(Option<Snapshot<Manifest>>),
-}
-
 /// How many queued operations the next batch takes: all, up to [`MAX_BATCH_BYTES`] of
 /// payload (at least one).
 fn batch_len(pending: &[Pending]) -> usize {
@@ -777,4 +665,53 @@ fn batch_len(pending: &[Pending]) -> usize {
         n += 1;
     }
     n
+}
+
+impl Drained for Queue {
+    type Op = Pending;
+    type With = (Rules, ETag);
+    type Held = Option<Snapshot<Manifest>>;
+    type Ahead = listing::Ahead;
+    type More = PartitionMore;
+
+    fn state(&self) -> &Mutex<QueueState<Self>> {
+        &self.state
+    }
+
+    /// All, up to [`MAX_BATCH_BYTES`] of payload; sweeps commit under the first
+    /// operation's rules and topic record, as the batch does ([`replies::split`]).
+    fn take(pending: &[Pending]) -> (usize, (Rules, ETag)) {
+        let with = pending
+            .first()
+            .map(|p| (p.rules, p.topic.etag.clone()))
+            .unwrap_or_else(|| {
+                (
+                    Rules::from(&crate::settings::TopicSettings::default()),
+                    ETag::new(""),
+                )
+            });
+        (batch_len(pending), with)
+    }
+
+    async fn run(
+        c: &Arc<Committer>,
+        q: &Arc<Self>,
+        batch: Vec<Pending>,
+        (with, cache): (Self::With, Self::Held),
+    ) -> Self::Held {
+        // Batches and sweeps share one id sequence, for the logs.
+        let id = c.next_id.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+        if batch.is_empty() {
+            let span = commit_span("sweep", q, id, 0);
+            let (cache, landed) = c.sweep(q, with, cache).instrument(span).await;
+            lock(&q.state).role.swept(landed, crate::runtime::now());
+            return cache;
+        }
+        let span = commit_span("commit", q, id, batch.len());
+        for p in &batch {
+            span.follows_from(&p.span);
+            p.span.record("commit", id);
+        }
+        c.run_batch(q, batch, cache).instrument(span).await
+    }
 }

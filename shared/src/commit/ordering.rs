@@ -99,5 +99,5 @@ pub(super) fn keep_keys(q: &Queue, mut keys: Keys, frontier: Option<u64>) {
     if keys.len() as u64 > 2 * MAX_ORDERED_SCAN {
         keys = Keys::default();
     }
-    lock(&q.state).keys = keys;
+    lock(&q.state).more.keys = keys;
 }

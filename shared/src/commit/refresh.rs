@@ -38,7 +38,7 @@ impl Committer {
             if st.running || !st.pending.is_empty() {
                 return Ok(Refreshed::Busy);
             }
-            st.cache.as_ref().map(|c| c.etag.clone())
+            st.held.as_ref().map(|c| c.etag.clone())
         };
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let read = cell.read_unless::<BrokerError>(held.as_ref()).await?;
@@ -46,7 +46,7 @@ impl Committer {
         let mut st = lock(&q.state);
         let Some(fresh) = read else {
             let etag = held.flatten();
-            if st.cache.as_ref().is_some_and(|c| c.etag == etag) {
+            if st.held.as_ref().is_some_and(|c| c.etag == etag) {
                 st.role.watched(now);
             }
             return Ok(Refreshed::Current(etag));
@@ -54,11 +54,11 @@ impl Committer {
         let etag = fresh.etag.clone();
         // Replaced only if no batch holds the copy and none left a newer one meanwhile.
         let newer = st
-            .cache
+            .held
             .as_ref()
             .is_none_or(|c| c.value.version < fresh.value.version || c.etag.is_none());
         if !st.running && st.pending.is_empty() && newer {
-            st.cache = Some(fresh);
+            st.held = Some(fresh);
             st.role.watched(now);
         }
         Ok(Refreshed::Changed(etag))

@@ -9,21 +9,22 @@ use std::sync::atomic::Ordering;
 use super::batch::{Committed, Work};
 use super::combine::{Own, Ready};
 use super::replies::Replies;
-use super::{lock, Committer, Queue, TopicSeen};
+use super::{Committer, Queue, TopicSeen};
 use crate::cas::Snapshot;
 use crate::partition::batch::Batch;
-use crate::partition::Manifest;
+use crate::partition::{Manifest, Rules};
+use crate::store::ETag;
 
 impl Committer {
-    /// One sweep from `cache`. Returns the snapshot to cache and whether it landed
+    /// One sweep from `cache`, under the last batch's rules and topic record. Returns the snapshot to cache and whether it landed
     /// anything.
     pub(super) async fn sweep(
         &self,
         q: &Queue,
+        (rules, etag): (Rules, ETag),
         cache: Option<Snapshot<Manifest>>,
     ) -> (Option<Snapshot<Manifest>>, bool) {
-        let with = lock(&q.state).role.sweep_with();
-        let (Some(snap), Some((rules, etag))) = (cache, with) else {
+        let Some(snap) = cache else {
             return (None, false);
         };
         let listed = match self.take_ahead(q, &snap.value) {

@@ -132,7 +132,7 @@ async fn one_message(w: &World) -> (Arc<Committer>, Arc<Queue>, Manifest) {
     let b = process(w, w.store.clone());
     b.produce(&w.topic, 0, message(w)).await.unwrap();
     let q = idle_queue(&b, &w.topic).await;
-    let state = lock(&q.state).cache.clone().unwrap().value;
+    let state = lock(&q.state).held.clone().unwrap().value;
     (b, q, state)
 }
 
@@ -140,7 +140,7 @@ async fn one_message(w: &World) -> (Arc<Committer>, Arc<Queue>, Manifest) {
 /// and waiting for a combining commit; the clock then moves on 5 ms. Returns its id.
 async fn waiting_segment(w: &World, c: &Committer) -> String {
     let q = idle_queue(c, &w.topic).await;
-    let state = lock(&q.state).cache.clone().unwrap().value;
+    let state = lock(&q.state).held.clone().unwrap().value;
     let theirs = Combinable::tagged_id(
         w.clock.now_ms(),
         state.ids_above(),
@@ -175,10 +175,17 @@ async fn contended(c: &Committer, t: &Topic) {
 /// Runs one sweep of `c` as its drain loop would, from its cached snapshot.
 async fn sweep(c: &Committer, t: &Topic) -> bool {
     let q = idle_queue(c, t).await;
-    let cache = lock(&q.state).cache.take();
-    let (cache, landed) = c.sweep(&q, cache).await;
+    let (cache, with) = {
+        let mut st = lock(&q.state);
+        (st.held.take(), st.role.sweep_with())
+    };
+    let Some(with) = with else {
+        lock(&q.state).held = cache;
+        return false;
+    };
+    let (cache, landed) = c.sweep(&q, with, cache).await;
     let mut st = lock(&q.state);
-    st.cache = cache;
+    st.held = cache;
     st.role.swept(landed, crate::runtime::now());
     landed
 }

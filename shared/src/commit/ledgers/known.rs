@@ -132,7 +132,7 @@ impl Committer {
         };
         let (quiet, renewing) = {
             let st = lock(&queue.state);
-            let Some(quiet) = st.quiet.clone() else {
+            let Some(quiet) = st.more.quiet.clone() else {
                 return Peek::Unknown;
             };
             (quiet, st.busy())
@@ -176,7 +176,7 @@ impl Committer {
                     == Some(&(k.incarnation.as_str(), k.id.as_str()))
             })
             .filter_map(|(k, q)| {
-                let figures = lock(&q.state).figures?;
+                let figures = lock(&q.state).more.figures?;
                 Some(LedgerSummary {
                     topic: k.topic.clone(),
                     subscription: k.subscription.clone(),

@@ -25,9 +25,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::role::{Idle, Role};
-use super::{answer, lock, Committer, Cut, LeaseAnswer};
-use crate::dispatch::Kind;
+use super::queue::{Drained, QueueState};
+use super::{answer, lock, Committer, LeaseAnswer};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, Origin};
 use crate::partition::{Layout, Rules, Settle};
@@ -84,31 +83,18 @@ struct LedgerQueue {
     intents_prefix: String,
     incarnation: String,
     origin: Origin,
-    state: Mutex<QueueState>,
+    /// Its operations, role and what the last batch left ([`QueueState::held`]).
+    state: Mutex<QueueState<LedgerQueue>>,
 }
 
+/// What only a ledger's queue keeps ([`QueueState::more`]): copies of what the last
+/// batch left, readable while the next one runs.
 #[derive(Default)]
-struct QueueState {
-    pending: Vec<(LedgerOp, Rules, Answer)>,
-    running: bool,
-    /// What the last batch left.
-    known: Known,
-    /// A copy of `known.quiet`, readable while a batch runs.
+struct LedgerMore {
+    /// A copy of `known.quiet`.
     quiet: Option<Quiet>,
     /// What the last batch that succeeded left, for `/metrics`.
     figures: Option<Figures>,
-    /// This process's part among the processes writing the ledger ([`combine`]); sweeps
-    /// commit under the last batch's rules.
-    role: Role<Rules>,
-    /// What the committer listed beside its last commit.
-    ahead: Option<LedgerAhead>,
-}
-
-impl QueueState {
-    /// Operations queued, or a batch running.
-    fn busy(&self) -> bool {
-        self.running || !self.pending.is_empty()
-    }
 }
 
 enum Answer {
@@ -282,74 +268,43 @@ impl Committer {
             })
             .clone();
         let rules = Rules::from(&sub.settings.effective(&topic.settings));
-        let start = {
-            let mut st = lock(&queue.state);
-            st.pending
-                .extend(ops.into_iter().map(|(op, tx)| (op, rules, tx)));
-            !std::mem::replace(&mut st.running, true)
-        };
-        if start {
-            let me = self.clone();
-            // Refused once the broker stopped: as the partition's own queue does.
-            let q = queue.clone();
-            let drain = async move { me.drain_ledger(q).await };
-            if self.tasks.spawn(Kind::Drain, drain).is_err() {
-                let mut st = lock(&queue.state);
-                st.pending.clear();
-                st.running = false;
-            }
-        }
+        self.enqueue_on(&queue, ops.into_iter().map(|(op, tx)| (op, rules, tx)));
+    }
+}
+
+impl Drained for LedgerQueue {
+    type Op = (LedgerOp, Rules, Answer);
+    type With = Rules;
+    type Held = Known;
+    type Ahead = LedgerAhead;
+    type More = LedgerMore;
+
+    fn state(&self) -> &Mutex<QueueState<Self>> {
+        &self.state
     }
 
-    /// Commits batches until the queue is empty, then, while this process is the ledger's
-    /// committer ([`combine`]), sweeps. While the ledger is busy (the previous batch held
-    /// more than one operation) each batch first waits the committer's `linger`, as the
-    /// partition's own queue does: the clients answered by the last commit come back in
-    /// time to share the next one.
-    async fn drain_ledger(self: Arc<Self>, q: Arc<LedgerQueue>) {
-        let held = q.clone();
-        let mut cut = Cut::new(move || {
-            let mut st = lock(&held.state);
-            st.running = false;
-            st.pending.clear();
-        });
-        let mut last_batch = 0;
-        loop {
-            if last_batch > 1 && !self.linger.is_zero() {
-                crate::runtime::sleep(self.linger).await;
-            }
-            let (batch, rules, known) = {
-                let mut st = lock(&q.state);
-                if st.pending.is_empty() {
-                    let with = st.role.sweep_with();
-                    match (st.role.idle(), with) {
-                        (Idle::Sweep, Some(rules)) if !self.tasks.stopping() => {
-                            (Vec::new(), rules, std::mem::take(&mut st.known))
-                        }
-                        _ => {
-                            st.running = false;
-                            cut.disarm();
-                            return;
-                        }
-                    }
-                } else {
-                    let batch = std::mem::take(&mut st.pending);
-                    let rules = batch_rules(&batch);
-                    st.role.took_batch(rules);
-                    (batch, rules, std::mem::take(&mut st.known))
-                }
-            };
-            last_batch = batch.len();
-            if batch.is_empty() {
-                self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
-            }
-            let known = self.ledger_batch(&q, (batch, rules), known).await;
-            let mut st = lock(&q.state);
-            st.quiet = known.quiet.clone();
-            if known.figures.is_some() {
-                st.figures = known.figures;
-            }
-            st.known = known;
+    /// All of them, under the newest operation's rules ([`batch_rules`]).
+    fn take(pending: &[Self::Op]) -> (usize, Rules) {
+        (pending.len(), batch_rules(pending))
+    }
+
+    async fn run(
+        c: &Arc<Committer>,
+        q: &Arc<Self>,
+        batch: Vec<Self::Op>,
+        (rules, known): (Rules, Known),
+    ) -> Known {
+        if batch.is_empty() {
+            c.stats.sweeps.fetch_add(1, Ordering::Relaxed);
         }
+        c.ledger_batch(q, (batch, rules), known).await
+    }
+
+    fn keep(st: &mut QueueState<Self>, known: Known) {
+        st.more.quiet = known.quiet.clone();
+        if known.figures.is_some() {
+            st.more.figures = known.figures;
+        }
+        st.held = known;
     }
 }

@@ -1,0 +1,187 @@
+//! One queue of operations per object a process commits, and the one drain loop that
+//! empties it (docs/design.md §6): the partition's queue ([`super::Queue`], the manifest)
+//! and a subscription's ([`super::ledgers`], its ledger) differ in what they queue, how a
+//! batch runs and what it leaves for the next, and share the rest, here.
+//!
+//! Operations queued while a batch is in flight wait for it; the drain then takes what
+//! [`Drained::take`] says (at least one), after lingering when the last batch had
+//! company, and runs it. With nothing queued, the process's [`Role`] says whether to sweep
+//! (it is the object's committer: land what other processes wrote) or to stop; a stopping
+//! broker never sweeps. The drain is a task of the broker's dispatcher; if it ends without
+//! returning (a stop cut it short, or it panicked), what it still held queued is dropped,
+//! and each of those callers is answered 503 with the outcome unknown
+//! ([`super::answer`]) instead of waiting for a drain that will not come.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use super::role::{Idle, Role};
+use super::{lock, Committer};
+use crate::dispatch::Kind;
+
+/// A queue the drain loop runs: what it queues, how a batch runs, what a batch leaves.
+pub(super) trait Drained: Send + Sync + Sized + 'static {
+    /// One queued operation with the channel its caller waits on.
+    type Op: Send + 'static;
+    /// What sweeps commit under: the last batch's rules (and, for the manifest, the
+    /// topic record's ETag).
+    type With: Clone + Send + 'static;
+    /// What a batch leaves for the next: the manifest's cached snapshot, a ledger's
+    /// `Known`.
+    type Held: Default + Send + 'static;
+    /// What the queue's committer listed beside its last commit.
+    type Ahead: Send + 'static;
+    /// The rest of the queue's state.
+    type More: Default + Send + 'static;
+
+    /// The queue's state.
+    fn state(&self) -> &Mutex<QueueState<Self>>;
+
+    /// How many of `pending` (never empty) the next batch takes (at least one), and what
+    /// sweeps after it commit under.
+    fn take(pending: &[Self::Op]) -> (usize, Self::With);
+
+    /// Runs `ops` as one batch (none: a sweep under `with`), starting from `held`;
+    /// answers every caller, and returns what the next batch starts from.
+    fn run(
+        c: &Arc<Committer>,
+        q: &Arc<Self>,
+        ops: Vec<Self::Op>,
+        from: (Self::With, Self::Held),
+    ) -> impl Future<Output = Self::Held> + Send;
+
+    /// Keeps what a batch left in `st` (and the copies read while the next one runs).
+    fn keep(st: &mut QueueState<Self>, held: Self::Held) {
+        st.held = held;
+    }
+}
+
+/// A queue's state, behind its mutex.
+pub(super) struct QueueState<Q: Drained> {
+    /// Operations waiting for the next batch, in order.
+    pub(super) pending: Vec<Q::Op>,
+    /// Whether a drain runs.
+    pub(super) running: bool,
+    /// Operations in the previous batch: lingering pays only when there is company.
+    pub(super) last_batch: usize,
+    /// This process's part on the object when other processes write it too.
+    pub(super) role: Role<Q::With>,
+    /// What the last batch left (taken out while a batch runs).
+    pub(super) held: Q::Held,
+    /// What the committer listed beside its last commit.
+    pub(super) ahead: Option<Q::Ahead>,
+    /// What only this kind of queue keeps.
+    pub(super) more: Q::More,
+}
+
+impl<Q: Drained> Default for QueueState<Q> {
+    fn default() -> Self {
+        Self {
+            pending: Vec::new(),
+            running: false,
+            last_batch: 0,
+            role: Role::default(),
+            held: Q::Held::default(),
+            ahead: None,
+            more: Q::More::default(),
+        }
+    }
+}
+
+impl<Q: Drained> QueueState<Q> {
+    /// Operations queued, or a batch running.
+    pub(super) fn busy(&self) -> bool {
+        self.running || !self.pending.is_empty()
+    }
+}
+
+/// A drain loop's hold on its queue, for when the loop ends without returning: `release`
+/// marks the queue drained by nobody and drops what is still queued. A loop that returns
+/// released the queue itself and disarms it.
+struct Cut<F: FnMut()>(Option<F>);
+
+impl<F: FnMut()> Cut<F> {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnMut()> Drop for Cut<F> {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.as_mut() {
+            release();
+        }
+    }
+}
+
+/// Marks `q` drained by nobody and drops what it holds queued (its callers get 503).
+fn release<Q: Drained>(q: &Q) {
+    let mut st = lock(q.state());
+    st.running = false;
+    st.pending.clear();
+}
+
+impl Committer {
+    /// Queues `ops` on `q`, one after another with nothing between them, and starts its
+    /// drain if none runs. Once the broker stopped no drain starts: the operations are
+    /// dropped and their callers answered 503, the outcome unknown.
+    pub(super) fn enqueue_on<Q: Drained>(
+        self: &Arc<Self>,
+        q: &Arc<Q>,
+        ops: impl IntoIterator<Item = Q::Op>,
+    ) {
+        let start = {
+            let mut st = lock(q.state());
+            st.pending.extend(ops);
+            !std::mem::replace(&mut st.running, true)
+        };
+        if start {
+            let (me, queue) = (self.clone(), q.clone());
+            if self
+                .tasks
+                .spawn(Kind::Drain, async move { me.drain(queue).await })
+                .is_err()
+            {
+                release(&**q);
+            }
+        }
+    }
+
+    /// Commits batches until `q` is empty, then sweeps while this process is the
+    /// object's committer. While the object is busy (the previous batch held more than
+    /// one operation) each batch first waits the committer's `linger`, so that the clients
+    /// the last commit answered come back in time to share the next one.
+    async fn drain<Q: Drained>(self: Arc<Self>, q: Arc<Q>) {
+        let held = q.clone();
+        let mut cut = Cut(Some(move || release(&*held)));
+        loop {
+            let busy = lock(q.state()).last_batch > 1;
+            if busy && !self.linger.is_zero() {
+                crate::runtime::sleep(self.linger).await;
+            }
+            let (ops, with, held) = {
+                let mut st = lock(q.state());
+                if st.pending.is_empty() {
+                    match (st.role.idle(), st.role.sweep_with()) {
+                        (Idle::Sweep, Some(with)) if !self.tasks.stopping() => {
+                            (Vec::new(), with, std::mem::take(&mut st.held))
+                        }
+                        _ => {
+                            st.running = false;
+                            cut.disarm();
+                            return;
+                        }
+                    }
+                } else {
+                    let (n, with) = Q::take(&st.pending);
+                    let ops: Vec<Q::Op> = st.pending.drain(..n.max(1)).collect();
+                    st.role.took_batch(with.clone());
+                    (ops, with, std::mem::take(&mut st.held))
+                }
+            };
+            lock(q.state()).last_batch = ops.len();
+            let held = Q::run(&self, &q, ops, (with, held)).await;
+            Q::keep(&mut lock(q.state()), held);
+        }
+    }
+}
