@@ -513,7 +513,9 @@ impl Committer {
         let mut change = BatchCommit::new(self, q, work, combining, head, may_switch);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let confirmed = confirm_first(q, &cell, cache.as_mut()).await;
-        let beside = self.beside(q, combining, cache.as_ref().map(|s| &s.value));
+        let held = cache.as_ref().map(|s| &s.value);
+        // The committer lists ahead beside a combining commit; an ordinary one may look.
+        let beside = self.beside(q, held, (combining, !combining));
         let write = async {
             let mut result = cell.update_in(&mut cache, &mut change).await;
             if matches!(&result, Err(e) if damaged(e))

@@ -1,6 +1,9 @@
-//! What a partition's `segments/` prefix holds pending for a combining commit, and where
-//! this process's own combinable segment stands: the reads that let a committer land
-//! other processes' writes without reading them.
+//! What a combining object's prefix holds pending for a commit (the partition's
+//! `segments/`: combinable segments and intents; a subscription's ledger prefix: intents),
+//! what a commit lists beside its write, and where this process's own combinable segment
+//! stands: the reads that let a committer land other processes' writes without reading
+//! them. One set of functions for the manifest and the ledgers, over [`Drained`] queues
+//! and [`Combined`] states.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -8,12 +11,14 @@ use std::time::Duration;
 
 use crate::runtime::Instant;
 
+use super::queue::{Drained, Place};
 use super::{lock, Committer, Queue, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::cas::{Cell, Snapshot};
 use crate::keys;
 use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::index::{Entries, Index, IndexRef};
 use crate::partition::intent::{self, Decides, Intent, Status as IntentStatus};
+use crate::partition::subscription::SubscriptionState;
 use crate::partition::{Manifest, SegmentRef};
 
 /// Index objects read to find a segment the manifest no longer remembers.
@@ -30,10 +35,28 @@ pub(crate) struct Listed {
     pub intents: Vec<Intent>,
 }
 
+/// A state that decides combining writes: intents ([`Decides`]), and for the manifest
+/// combinable segments.
+pub(super) trait Combined: Decides {
+    /// The fate of the combinable segment `id` here (a ledger lands none).
+    fn segment_status(&self, id: &str) -> Status {
+        let _ = id;
+        Status::Unknown
+    }
+}
+
+impl Combined for Manifest {
+    fn segment_status(&self, id: &str) -> Status {
+        combine::status(self, id)
+    }
+}
+
+impl Combined for SubscriptionState {}
+
 /// A pending segment older than this is not deferred to: its writer may be gone.
 pub(super) const ABANDON_MS: u64 = 1000;
 
-/// How far back a look lists ([`Committer::look_after`]).
+/// How far back a look lists ([`look_after`]).
 pub(super) const LOOK_BACK_MS: u64 = 2 * ABANDON_MS;
 
 /// The oldest a listing made ahead may be when a sweep or batch takes it: older than that,
@@ -74,18 +97,24 @@ impl Listed {
 }
 
 impl Committer {
-    /// What a commit from `state` (the cached manifest, if any) lists beside its write:
-    /// the partition's committer lists ahead for its next sweep or batch, and an
-    /// ordinary batch looks for other processes' combining writes when one is due.
-    pub(super) fn beside(&self, q: &Queue, combining: bool, state: Option<&Manifest>) -> Beside {
+    /// What a commit from `state` (the object as held, if at all) lists beside its
+    /// write: the committer lists ahead for its next sweep or batch (when `ahead`: a
+    /// combining commit of the manifest, any commit of a ledger that combines), and a
+    /// commit looks for other processes' combining writes when one is due (when `look`).
+    pub(super) fn beside<Q: Drained<Ahead = Ahead>>(
+        &self,
+        q: &Q,
+        state: Option<&impl Decides>,
+        (ahead, look): (bool, bool),
+    ) -> Beside {
         let Some(state) = state else {
             return Beside::Nothing;
         };
-        let role = &lock(&q.state).role;
-        if combining && role.is_committer() {
-            Beside::Ahead(state.combined_through.clone())
-        } else if !combining && role.look_due(crate::runtime::now()) {
-            Beside::Look(self.look_after(state))
+        let role = &lock(q.state()).role;
+        if ahead && role.is_committer() {
+            Beside::Ahead(state.combined_through().to_owned())
+        } else if look && role.look_due(crate::runtime::now()) {
+            Beside::Look(look_after(state, self.clock.now_ms()))
         } else {
             Beside::Nothing
         }
@@ -93,7 +122,11 @@ impl Committer {
 
     /// Makes the listing `beside` names; a look's result is returned, to be judged
     /// against the state the commit leaves ([`Self::looked`]).
-    pub(super) async fn list_beside(&self, q: &Queue, beside: &Beside) -> Option<Looked> {
+    pub(super) async fn list_beside<Q: Drained<Ahead = Ahead>>(
+        &self,
+        q: &Q,
+        beside: &Beside,
+    ) -> Option<Looked> {
         match beside {
             Beside::Ahead(after) => {
                 self.list_ahead(q, after).await;
@@ -107,11 +140,16 @@ impl Committer {
         }
     }
 
-    /// Records what `look` found against `state`, the manifest after the commit beside
-    /// which it listed: others waiting make the partition contended here.
-    pub(super) fn looked(&self, q: &Queue, look: Looked, state: Option<&Manifest>) {
+    /// Records what `look` found against `state`, the object after the commit beside
+    /// which it listed: others waiting make it contended here.
+    pub(super) fn looked<Q: Drained<Ahead = Ahead>>(
+        &self,
+        q: &Q,
+        look: Looked,
+        state: Option<&impl Combined>,
+    ) {
         let others = state.is_some_and(|s| others_waiting(&look.listed, s, self.clock.now_ms()));
-        lock(&q.state).role.looked(others, look.at);
+        lock(q.state()).role.looked(others, look.at);
         self.stats.looks.fetch_add(1, Ordering::Relaxed);
         if others {
             self.stats.looks_found.fetch_add(1, Ordering::Relaxed);
@@ -176,37 +214,51 @@ impl Committer {
         self.pending_besides(q, listed, own, &snap.value)
     }
 
-    /// The combinable segments and intents listed after `after` (one LIST), before any
-    /// manifest is consulted: [`Self::still_pending`] filters them against one.
-    pub(super) async fn list_after(&self, q: &Queue, after: &str) -> Listed {
-        let prefix = keys::segments_prefix(&q.topic, q.partition);
-        let Ok(keys) = self.store.list_after(&prefix, after, MAX_LANDING).await else {
+    /// The combinable segments and intents listed after `after` (one LIST) under `q`'s
+    /// place, oldest first, young enough to land (garbage collection never takes one that
+    /// still could) and not older than the topic; none when the listing fails.
+    /// [`Self::still_pending`] filters them against a state.
+    pub(super) async fn list_after<Q: Drained<Ahead = Ahead>>(&self, q: &Q, after: &str) -> Listed {
+        let place = q.listing();
+        let prefix = place.prefix.as_str();
+        let Ok(keys) = self.store.list_after(prefix, after, MAX_LANDING).await else {
             return Listed::default();
         };
+        let fresh = self.fresh(&place);
         let mut listed = Listed::default();
-        for id in keys.iter().filter_map(|k| k.strip_prefix(&prefix)) {
+        for id in keys.iter().filter_map(|k| k.strip_prefix(prefix)) {
             if let Some(c) = Combinable::parse(id) {
-                if c.belongs_to(&q.tag) {
+                if place.tag.is_some_and(|t| c.belongs_to(t)) && fresh(c.written_ms) {
                     listed.segments.push(c.to_ref());
                 }
-            } else if let Some(i) = Intent::parse(id) {
+            } else if let Some(i) = Intent::parse(id).filter(|i| fresh(i.written_ms)) {
                 listed.intents.push(i);
             }
         }
         listed
     }
 
+    /// Whether a write made at a time is young enough to commit now and no older than
+    /// the topic of `place`.
+    fn fresh(&self, place: &Place<'_>) -> impl Fn(u64) -> bool {
+        let (now, created) = (self.clock.now_ms(), place.created_at_ms);
+        move |written| {
+            now.saturating_sub(written) <= MAX_SEGMENT_AGE_AT_COMMIT_MS && written >= created
+        }
+    }
+
     /// What of `listed` is still pending in `state` and young enough to commit now: a
     /// listing made before `state` was read (while the commit that wrote it was in
     /// flight) is as good as a fresh one, less what was written since.
-    pub(super) fn still_pending(&self, q: &Queue, mut listed: Listed, state: &Manifest) -> Listed {
-        let now = self.clock.now_ms();
-        let fresh = |written: u64| {
-            now.saturating_sub(written) <= MAX_SEGMENT_AGE_AT_COMMIT_MS
-                && written >= q.created_at_ms
-        };
+    pub(super) fn still_pending<Q: Drained<Ahead = Ahead>>(
+        &self,
+        q: &Q,
+        mut listed: Listed,
+        state: &impl Combined,
+    ) -> Listed {
+        let fresh = self.fresh(&q.listing());
         listed.segments.retain(|s| {
-            fresh(s.last_produced_ms) && combine::status(state, &s.id) == Status::Pending
+            fresh(s.last_produced_ms) && state.segment_status(&s.id) == Status::Pending
         });
         listed.intents.retain(|i| {
             fresh(i.written_ms) && intent::status(state, &i.id) == IntentStatus::Pending
@@ -216,26 +268,22 @@ impl Committer {
 
     /// Lists after `after` beside a commit in flight, and keeps what it found for the next
     /// commit ([`Self::take_ahead`]).
-    pub(super) async fn list_ahead(&self, q: &Queue, after: &str) {
+    pub(super) async fn list_ahead<Q: Drained<Ahead = Ahead>>(&self, q: &Q, after: &str) {
         let listed = self.list_after(q, after).await;
-        lock(&q.state).ahead = Some(Ahead {
+        lock(q.state()).ahead = Some(Ahead {
             listed,
             at: crate::runtime::now(),
         });
     }
 
-    /// Where a look ([`super::role::Role::look_due`]) lists from in `state`: above what
-    /// the manifest decided, and no further back than [`LOOK_BACK_MS`] (a combining
-    /// write older than that has its writer taking over already).
-    pub(super) fn look_after(&self, state: &Manifest) -> String {
-        let floor = keys::segment_id(self.clock.now_ms().saturating_sub(LOOK_BACK_MS), "");
-        state.ids_above().max(floor.as_str()).to_owned()
-    }
-
     /// What the listing made ahead ([`Self::list_ahead`]) found still pending in `state`,
     /// if one was made within [`AHEAD_FOR`]; it is used once.
-    pub(super) fn take_ahead(&self, q: &Queue, state: &Manifest) -> Option<Listed> {
-        let ahead = lock(&q.state).ahead.take()?;
+    pub(super) fn take_ahead<Q: Drained<Ahead = Ahead>>(
+        &self,
+        q: &Q,
+        state: &impl Combined,
+    ) -> Option<Listed> {
+        let ahead = lock(q.state()).ahead.take()?;
         (ahead.at.elapsed() < AHEAD_FOR).then(|| self.still_pending(q, ahead.listed, state))
     }
 
@@ -291,19 +339,24 @@ impl Committer {
     }
 }
 
+/// Where a look ([`super::role::Role::look_due`]) at `now` lists from in `state`: above
+/// what it decided, and no further back than [`LOOK_BACK_MS`] (a combining write older
+/// than that has its writer taking over already).
+pub(super) fn look_after(state: &impl Decides, now: u64) -> String {
+    let floor = keys::segment_id(now.saturating_sub(LOOK_BACK_MS), "");
+    state.ids_above().max(floor.as_str()).to_owned()
+}
+
 /// Whether a look's listing shows other processes waiting for a combining commit at `now`:
 /// a combinable segment or intent written within [`LOOK_BACK_MS`] that `state` (the
 /// manifest after the look's own commit) has not decided. Those that commit passed over
 /// count too: an ordinary commit lands its own segment above them, so their writers
 /// write them again and wait once more.
-pub(super) fn others_waiting(listed: &Listed, state: &Manifest, now: u64) -> bool {
+pub(super) fn others_waiting(listed: &Listed, state: &impl Combined, now: u64) -> bool {
     let recent = |written: u64| now.saturating_sub(written) <= LOOK_BACK_MS;
     let segment = listed.segments.iter().any(|s| {
         recent(s.last_produced_ms)
-            && matches!(
-                combine::status(state, &s.id),
-                Status::Pending | Status::Dead
-            )
+            && matches!(state.segment_status(&s.id), Status::Pending | Status::Dead)
     });
     segment
         || listed.intents.iter().any(|i| {
@@ -388,5 +441,20 @@ mod tests {
         assert_eq!(ids(candidates(&refs, 1_500)), ["b", "c", "d"]);
         assert_eq!(ids(candidates(&refs, 2_000)), ["b", "c", "d"]);
         assert!(candidates(&refs, 4_001).is_empty());
+    }
+
+    #[test]
+    fn a_look_lists_no_further_back_than_two_seconds() {
+        let mut s = SubscriptionState::new(&crate::partition::subscription::Origin {
+            id: "s".into(),
+            start: 0,
+        });
+        let now = 1_700_000_010_000;
+        assert_eq!(
+            look_after(&s, now),
+            crate::keys::segment_id(now - LOOK_BACK_MS, "")
+        );
+        s.combined_through = format!("{:013}-z", now - 10);
+        assert_eq!(look_after(&s, now), s.combined_through);
     }
 }

@@ -678,6 +678,14 @@ impl Drained for Queue {
         &self.state
     }
 
+    fn listing(&self) -> queue::Place<'_> {
+        queue::Place {
+            prefix: crate::keys::segments_prefix(&self.topic, self.partition),
+            tag: Some(&self.tag),
+            created_at_ms: self.created_at_ms,
+        }
+    }
+
     /// All, up to [`MAX_BATCH_BYTES`] of payload; sweeps commit under the first
     /// operation's rules and topic record, as the batch does ([`replies::split`]).
     fn take(pending: &[Pending]) -> (usize, (Rules, ETag)) {

@@ -29,13 +29,16 @@ pub(super) trait Drained: Send + Sync + Sized + 'static {
     /// What a batch leaves for the next: the manifest's cached snapshot, a ledger's
     /// `Known`.
     type Held: Default + Send + 'static;
-    /// What the queue's committer listed beside its last commit.
+    /// What the committer listed beside its last commit (`listing::Ahead`, for both).
     type Ahead: Send + 'static;
     /// The rest of the queue's state.
     type More: Default + Send + 'static;
 
     /// The queue's state.
     fn state(&self) -> &Mutex<QueueState<Self>>;
+
+    /// Where the object's combining writes are listed.
+    fn listing(&self) -> Place<'_>;
 
     /// How many of `pending` (never empty) the next batch takes (at least one), and what
     /// sweeps after it commit under.
@@ -54,6 +57,17 @@ pub(super) trait Drained: Send + Sync + Sized + 'static {
     fn keep(st: &mut QueueState<Self>, held: Self::Held) {
         st.held = held;
     }
+}
+
+/// Where a queue's object has its combining writes listed (`listing::Committer::list_after`).
+pub(super) struct Place<'a> {
+    /// The prefix its combinable segments and intents are written under.
+    pub prefix: String,
+    /// The incarnation tag its combinable segments must carry; `None`: it has none (a
+    /// ledger's prefix holds intents only).
+    pub tag: Option<&'a str>,
+    /// When its topic was created: writes older than that are an earlier topic's.
+    pub created_at_ms: u64,
 }
 
 /// A queue's state, behind its mutex.

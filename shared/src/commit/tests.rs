@@ -330,22 +330,24 @@ async fn a_listing_made_ahead_lands_only_what_is_still_pending_and_only_while_fr
     let second = Combinable::tagged_id(now, &after, "u2", (1, 1), &tag);
     put_empty(&w, &[&first, &second]).await;
     // Listed beside a commit that lands the first one.
-    b.list_ahead(&q, &state.combined_through).await;
+    b.list_ahead(&*q, &state.combined_through).await;
     let mut landed = state.clone();
     combine::land(&mut landed, &[Combinable::parse(&first).unwrap().to_ref()]);
-    let next = b.take_ahead(&q, &landed).expect("a fresh listing is taken");
+    let next = b
+        .take_ahead(&*q, &landed)
+        .expect("a fresh listing is taken");
     let ids: Vec<&str> = next.segments.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(
         ids,
         [second.as_str()],
         "what that commit landed is left out"
     );
-    assert!(b.take_ahead(&q, &landed).is_none(), "it is used once");
+    assert!(b.take_ahead(&*q, &landed).is_none(), "it is used once");
 
-    b.list_ahead(&q, &state.combined_through).await;
+    b.list_ahead(&*q, &state.combined_through).await;
     tokio::time::advance(super::listing::AHEAD_FOR).await;
     assert!(
-        b.take_ahead(&q, &landed).is_none(),
+        b.take_ahead(&*q, &landed).is_none(),
         "an old one is listed again instead"
     );
 }

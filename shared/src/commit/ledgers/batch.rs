@@ -261,7 +261,9 @@ impl Committer {
             self.know_keys(q, (ops, rules, now), (log, &layout), known)
                 .await;
         }
-        let beside = self.ledger_beside(q, known.ledger.as_ref().map(|l| &l.value), rules);
+        // Not on per-key ordered topics, nor before the fleet writes ledger intents.
+        let may = !rules.ordered && self.level.get().combines_ledgers();
+        let beside = self.beside(q, known.ledger.as_ref().map(|l| &l.value), (may, may));
         let mut known_log = (log_snap, read_at);
         let cell =
             Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
@@ -287,7 +289,7 @@ impl Committer {
         };
         let (done, looked) = futures::join!(
             cell.update_in(&mut known.ledger, &mut change),
-            self.list_ledger_beside(q, &beside)
+            self.list_beside(q, &beside)
         );
         let did = Did {
             attempts: change.attempts,
@@ -300,7 +302,7 @@ impl Committer {
         known.log = Some(known_log);
         let state = known.ledger.as_ref().map(|l| &l.value);
         if let Some(look) = looked {
-            self.ledger_looked(q, look, state);
+            self.looked(q, look, state);
         }
         self.committed_ledger(q, route, did, done.is_ok());
         (done.map_err(BrokerError::from), layout)

@@ -21,7 +21,7 @@
 //!    commits itself: one CAS landing every pending intent listed, its own among them,
 //!    and becomes the ledger's *committer*;
 //! 4. the committer commits its own operations as they are, lands with each commit what
-//!    its listing made beside the previous commit found ([`LedgerAhead`]), and while its
+//!    its listing made beside the previous commit found ([`super::super::listing::Ahead`]), and while its
 //!    queue is empty keeps sweeping (list, and land what is pending) as the manifest's
 //!    committer does ([`super::super::role::Role`]).
 //!
@@ -33,25 +33,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::runtime::Instant;
-
 use super::super::batch::MAX_OWN_INTENTS;
 use super::super::combine::{fate, older_pending, poll_after, step, Holds, Own, Step, MAX_POLLS};
-use super::super::listing::{Listed, AHEAD_FOR, LOOK_BACK_MS, MAX_LANDING};
-use super::super::{lock, Committer, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use super::super::{lock, Committer};
 use super::{Answer, Known, LedgerQueue};
 use crate::cas::Cell;
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::intent::{self, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, SubscriptionState};
 use crate::partition::{Manifest, Rules};
-
-/// What a ledger's committer listed beside its last commit, for the next to land.
-#[derive(Debug)]
-pub(super) struct LedgerAhead {
-    listed: Vec<Intent>,
-    at: Instant,
-}
 
 /// How a batch that wrote intents goes on.
 pub(super) enum Awaited {
@@ -85,24 +75,6 @@ pub(super) fn ask_of(op: LedgerOp) -> Option<Ask> {
         }
         LedgerOp::Purge => None,
     }
-}
-
-/// Where a look lists from in `state`: above what the ledger decided, and no further back
-/// than [`LOOK_BACK_MS`] before `now` (an older intent's writer takes over already).
-fn look_after(state: &SubscriptionState, now: u64) -> String {
-    let floor = crate::keys::segment_id(now.saturating_sub(LOOK_BACK_MS), "");
-    state.ids_above().max(floor.as_str()).to_owned()
-}
-
-/// What a commit of a ledger lists beside its write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum LedgerBeside {
-    /// Nothing.
-    Nothing,
-    /// The committer's listing for its next commit, after this id.
-    Ahead(String),
-    /// A look for other processes' intents, after this id.
-    Look(String),
 }
 
 impl Committer {
@@ -237,10 +209,11 @@ impl Committer {
             }
         }
         self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
-        let listed = self
-            .list_ledger_intents(q, &snap.value.combined_through)
-            .await;
-        Ok(Awaited::TakeOver { own, listed })
+        let listed = self.list_after(q, &snap.value.combined_through).await;
+        Ok(Awaited::TakeOver {
+            own,
+            listed: listed.intents,
+        })
     }
 
     /// What a listing after `through` finds pending, unless another writer's intent older
@@ -251,10 +224,7 @@ impl Committer {
         through: &str,
         own: &[Intent],
     ) -> Option<Vec<Intent>> {
-        let listed = Listed {
-            segments: Vec::new(),
-            intents: self.list_ledger_intents(q, through).await,
-        };
+        let listed = self.list_after(q, through).await;
         let mine = Own {
             segment: None,
             intents: own.to_vec(),
@@ -275,106 +245,19 @@ impl Committer {
         self.put_intent(&q.intents_prefix, after, ask).await
     }
 
-    /// The intents of the ledger listed after `after` (one LIST), oldest first, young
-    /// enough to land ([`MAX_SEGMENT_AGE_AT_COMMIT_MS`], so garbage collection never
-    /// deletes one that could still land); none when the listing fails. A commit lands
-    /// only those its ledger shows pending.
-    pub(super) async fn list_ledger_intents(&self, q: &LedgerQueue, after: &str) -> Vec<Intent> {
-        let prefix = &q.intents_prefix;
-        let Ok(keys) = self.store.list_after(prefix, after, MAX_LANDING).await else {
-            return Vec::new();
-        };
-        let now = self.clock.now_ms();
-        keys.iter()
-            .filter_map(|k| Intent::parse(k.strip_prefix(prefix.as_str())?))
-            .filter(|i| now.saturating_sub(i.written_ms) <= MAX_SEGMENT_AGE_AT_COMMIT_MS)
-            .collect()
-    }
-
-    /// What a commit of the ledger from `state` lists beside its write: the committer
-    /// lists ahead for its next commit, another process looks for intents when a look is
-    /// due ([`super::super::role::Role::look_due`]).
-    pub(super) fn ledger_beside(
-        &self,
-        q: &LedgerQueue,
-        state: Option<&SubscriptionState>,
-        rules: &Rules,
-    ) -> LedgerBeside {
-        let Some(state) = state else {
-            return LedgerBeside::Nothing;
-        };
-        if rules.ordered || !self.level.get().combines_ledgers() {
-            return LedgerBeside::Nothing;
-        }
-        let role = &lock(&q.state).role;
-        if role.is_committer() {
-            LedgerBeside::Ahead(state.combined_through.clone())
-        } else if role.look_due(crate::runtime::now()) {
-            LedgerBeside::Look(look_after(state, self.clock.now_ms()))
-        } else {
-            LedgerBeside::Nothing
-        }
-    }
-
-    /// Makes the listing `beside` names: a committer's is kept for its next commit, a
-    /// look's is returned with when it was sent.
-    pub(super) async fn list_ledger_beside(
-        &self,
-        q: &LedgerQueue,
-        beside: &LedgerBeside,
-    ) -> Option<(Vec<Intent>, Instant)> {
-        match beside {
-            LedgerBeside::Nothing => None,
-            LedgerBeside::Ahead(after) => {
-                let listed = self.list_ledger_intents(q, after).await;
-                lock(&q.state).ahead = Some(LedgerAhead {
-                    listed,
-                    at: crate::runtime::now(),
-                });
-                None
-            }
-            LedgerBeside::Look(after) => {
-                let at = crate::runtime::now();
-                Some((self.list_ledger_intents(q, after).await, at))
-            }
-        }
-    }
-
-    /// Records what a look found against `state`, the ledger its commit left (or the one
-    /// it read): other processes' intents pending there make the ledger contended.
-    pub(super) fn ledger_looked(
-        &self,
-        q: &LedgerQueue,
-        (listed, at): (Vec<Intent>, Instant),
-        state: Option<&SubscriptionState>,
-    ) {
-        let others = state.is_some_and(|s| {
-            listed
-                .iter()
-                .any(|i| intent::status(s, &i.id) == Status::Pending)
-        });
-        lock(&q.state).role.looked(others, at);
-        self.stats.looks.fetch_add(1, Ordering::Relaxed);
-        if others {
-            self.stats.looks_found.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     /// What the committer's next commit lands: the listing made beside its last commit
-    /// when it is younger than [`AHEAD_FOR`], else a listing made now.
+    /// when it is younger than [`super::super::listing::AHEAD_FOR`], else a listing made
+    /// now.
     pub(super) async fn ledger_landing(
         &self,
         q: &LedgerQueue,
         state: Option<&SubscriptionState>,
     ) -> Vec<Intent> {
-        let ahead = lock(&q.state).ahead.take();
-        match ahead {
-            Some(a) if a.at.elapsed() < AHEAD_FOR => a.listed,
-            _ => {
-                let after = state.map_or("", |s| s.combined_through.as_str());
-                self.list_ledger_intents(q, after).await
-            }
+        if let Some(listed) = state.and_then(|s| self.take_ahead(q, s)) {
+            return listed.intents;
         }
+        let after = state.map_or("", |s| s.combined_through.as_str());
+        self.list_after(q, after).await.intents
     }
 
     /// Answers a batch whose operations went as intents `own` (in batch order) from the
@@ -492,20 +375,5 @@ mod tests {
             let ask = ask_of(op).unwrap();
             assert_eq!(crate::partition::subscription::op_of(ask), op);
         }
-    }
-
-    #[test]
-    fn a_look_lists_no_further_back_than_two_seconds() {
-        let mut s = SubscriptionState::new(&crate::partition::subscription::Origin {
-            id: "s".into(),
-            start: 0,
-        });
-        let now = 1_700_000_010_000;
-        assert_eq!(
-            look_after(&s, now),
-            crate::keys::segment_id(now - LOOK_BACK_MS, "")
-        );
-        s.combined_through = format!("{:013}-z", now - 10);
-        assert_eq!(look_after(&s, now), s.combined_through);
     }
 }

@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use super::listing::Ahead;
+use super::queue::Place;
 use super::queue::{Drained, QueueState};
 use super::{answer, lock, Committer, LeaseAnswer};
 use crate::error::{BrokerError, BrokerResult};
@@ -32,7 +34,6 @@ use crate::partition::subscription::{LedgerOp, LedgerOutcome, Origin};
 use crate::partition::{Layout, Rules, Settle};
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
-use combine::LedgerAhead;
 pub(crate) use known::Figures;
 use known::{Known, Quiet};
 
@@ -150,7 +151,7 @@ impl Committer {
     ) -> BrokerResult<LeaseAnswer> {
         let (tx, rx) = oneshot::channel();
         let op = LedgerOp::Lease { max, max_bytes };
-        self.enqueue_ledger(topic, (name, sub), partition, [(op, Answer::Lease(tx))]);
+        self.enqueue_subscription(topic, (name, sub), partition, [(op, Answer::Lease(tx))]);
         answer(rx).await
     }
 
@@ -180,7 +181,7 @@ impl Committer {
                 (op, Answer::Settle(tx))
             })
             .collect();
-        self.enqueue_ledger(topic, (name, sub), partition, ops);
+        self.enqueue_subscription(topic, (name, sub), partition, ops);
         let mut results = Vec::with_capacity(answers.len());
         for rx in answers {
             results.push(answer(rx).await);
@@ -199,7 +200,7 @@ impl Committer {
         partition: u32,
     ) -> BrokerResult<u64> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue_ledger(
+        self.enqueue_subscription(
             topic,
             (name, sub),
             partition,
@@ -231,7 +232,9 @@ impl Committer {
         lock(&self.ledgers.queues).get(&key).cloned()
     }
 
-    fn enqueue_ledger(
+    /// Queues `ops` on the subscription `sub`'s queue of `partition` (made on first use)
+    /// under the subscription's rules ([`Committer::enqueue_on`]).
+    fn enqueue_subscription(
         self: &Arc<Self>,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
@@ -276,11 +279,20 @@ impl Drained for LedgerQueue {
     type Op = (LedgerOp, Rules, Answer);
     type With = Rules;
     type Held = Known;
-    type Ahead = LedgerAhead;
+    type Ahead = Ahead;
     type More = LedgerMore;
 
     fn state(&self) -> &Mutex<QueueState<Self>> {
         &self.state
+    }
+
+    /// The ledger's own prefix: intents only.
+    fn listing(&self) -> Place<'_> {
+        Place {
+            prefix: self.intents_prefix.clone(),
+            tag: None,
+            created_at_ms: 0,
+        }
     }
 
     /// All of them, under the newest operation's rules ([`batch_rules`]).
