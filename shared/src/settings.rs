@@ -92,23 +92,59 @@ impl Default for TopicSettings {
     }
 }
 
-/// The JSON body of a create (`PUT`) or change (`PATCH`): every field optional.
+/// A non-negative whole number, or null. `3.0` counts: JSON Schema calls it an integer,
+/// and Python's `json` writes a float that holds a whole number that way.
+pub(crate) fn integral<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    use serde::de::Error;
+    use serde::Deserialize;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    // Up to 2^53 a float holds every whole number exactly.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=EXACT).contains(f))
+            // Whole and within range: the cast is exact.
+            .map(|f| f as u64)
+    });
+    whole
+        .and_then(|w| T::try_from(w).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            D::Error::custom(format!("expected a non-negative integer in range, got {n}"))
+        })
+}
+
+/// The JSON body of a create (`PUT`) or change (`PATCH`): every field optional; a
+/// number may be a whole-number float (`3.0`), as JSON Schema's integers may be.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsInput {
     /// See [`TopicSettings::partitions`].
+    #[serde(default, deserialize_with = "integral")]
     pub partitions: Option<u32>,
     /// See [`TopicSettings::visibility_timeout_ms`].
+    #[serde(default, deserialize_with = "integral")]
     pub visibility_timeout_ms: Option<u64>,
     /// See [`TopicSettings::max_in_flight_per_partition`].
+    #[serde(default, deserialize_with = "integral")]
     pub max_in_flight_per_partition: Option<u32>,
     /// See [`TopicSettings::max_acked_ahead_per_partition`].
+    #[serde(default, deserialize_with = "integral")]
     pub max_acked_ahead_per_partition: Option<u32>,
     /// See [`TopicSettings::retention_ms`].
+    #[serde(default, deserialize_with = "integral")]
     pub retention_ms: Option<u64>,
     /// See [`TopicSettings::dedup_window_ms`].
+    #[serde(default, deserialize_with = "integral")]
     pub dedup_window_ms: Option<u64>,
     /// See [`TopicSettings::max_deliveries`].
+    #[serde(default, deserialize_with = "integral")]
     pub max_deliveries: Option<u32>,
     /// See [`TopicSettings::dead_letter_topic`]; `""` clears it.
     pub dead_letter_topic: Option<String>,
@@ -265,6 +301,12 @@ mod tests {
     #[test]
     fn refuses_unknown_and_out_of_range() {
         assert!(SettingsInput::parse(br#"{"partitionz":4}"#).is_err());
+        // A whole-number float is an integer, as JSON Schema says; a fraction is not.
+        let s = SettingsInput::parse(br#"{"partitions":4.0,"retention_ms":60000.0}"#).unwrap();
+        assert_eq!((s.partitions, s.retention_ms), (Some(4), Some(60_000)));
+        assert!(SettingsInput::parse(br#"{"partitions":4.5}"#).is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":-1.0}"#).is_err());
+        assert!(SettingsInput::parse(br#"{"partitions":4294967296.0}"#).is_err());
         assert!(SettingsInput::parse(br#"{"partitions":-1}"#).is_err());
         assert!(SettingsInput::parse(br#"{"visibility_timeout_ms":99}"#)
             .unwrap()

@@ -124,12 +124,16 @@ pub struct SubscriptionInput {
     /// See [`Start`]; only at creation.
     pub start: Option<Start>,
     /// See [`TopicSettings::visibility_timeout_ms`].
+    #[serde(default, deserialize_with = "crate::settings::integral")]
     pub visibility_timeout_ms: Option<u64>,
     /// See [`TopicSettings::max_in_flight_per_partition`].
+    #[serde(default, deserialize_with = "crate::settings::integral")]
     pub max_in_flight_per_partition: Option<u32>,
     /// See [`TopicSettings::max_acked_ahead_per_partition`].
+    #[serde(default, deserialize_with = "crate::settings::integral")]
     pub max_acked_ahead_per_partition: Option<u32>,
     /// See [`TopicSettings::max_deliveries`].
+    #[serde(default, deserialize_with = "crate::settings::integral")]
     pub max_deliveries: Option<u32>,
     /// See [`TopicSettings::dead_letter_topic`]; `""`: none.
     pub dead_letter_topic: Option<String>,

@@ -120,6 +120,8 @@ function ts(s, indent) {
   if (s === false) return "never";
   if (s.$ref) return s.$ref.split("/").pop();
   if (s.anyOf || s.oneOf) return union((s.anyOf ?? s.oneOf).map((x) => ts(x, indent)));
+  // Every one of them (`if`/`then` rules between fields are not types: the server checks them).
+  if (s.allOf) return s.allOf.map((x) => ts(x, indent)).join(" & ");
   if ("const" in s) return JSON.stringify(s.const);
   if (s.enum) return union(s.enum.map((v) => JSON.stringify(v)));
   const types = Array.isArray(s.type) ? s.type : s.type ? [s.type] : s.properties ? ["object"] : [];

@@ -52,6 +52,9 @@ export interface SettingsInput {
   ordering?: "none" | "key" | null;
 }
 
+/** A new topic's settings: `SettingsInput`, where `max_deliveries` above 0 needs a `dead_letter_topic` (messages are never dropped silently). A change (`PATCH`) may rely on the dead-letter topic the topic has already. */
+export type TopicCreateInput = SettingsInput;
+
 export interface Topic {
   name: string;
   settings: Settings;
@@ -378,7 +381,7 @@ export interface OperationBodies {
   whoami: never;
   listTopics: never;
   getTopic: never;
-  createTopic: SettingsInput;
+  createTopic: TopicCreateInput;
   changeTopic: SettingsInput;
   deleteTopic: never;
   produce: Uint8Array;

@@ -6,7 +6,7 @@
 
 use base64::Engine;
 use bytes::Bytes;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::extract::check_message;
@@ -28,41 +28,14 @@ struct BatchMessage {
     payload_encoding: Option<String>,
     #[serde(default)]
     key: Option<String>,
-    #[serde(default, deserialize_with = "integral")]
+    #[serde(default, deserialize_with = "crate::settings::integral")]
     partition: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
     #[serde(default)]
     headers: Option<crate::segment::Headers>,
-    #[serde(default, deserialize_with = "integral")]
+    #[serde(default, deserialize_with = "crate::settings::integral")]
     delay_ms: Option<u64>,
-}
-
-/// A non-negative whole number, or null. `3.0` counts: JSON Schema calls it an integer,
-/// and Python's `json` writes a float that holds a whole number that way.
-fn integral<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: TryFrom<u64>,
-{
-    use serde::de::Error;
-    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
-        return Ok(None);
-    };
-    // Up to 2^53 a float holds every whole number exactly.
-    const EXACT: f64 = 9_007_199_254_740_992.0;
-    let whole = n.as_u64().or_else(|| {
-        n.as_f64()
-            .filter(|f| f.fract() == 0.0 && (0.0..=EXACT).contains(f))
-            // Whole and within range: the cast is exact.
-            .map(|f| f as u64)
-    });
-    whole
-        .and_then(|w| T::try_from(w).ok())
-        .map(Some)
-        .ok_or_else(|| {
-            D::Error::custom(format!("expected a non-negative integer in range, got {n}"))
-        })
 }
 
 impl BatchMessage {
