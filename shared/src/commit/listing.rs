@@ -220,7 +220,7 @@ impl Committer {
     /// [`Self::still_pending`] filters them against a state.
     pub(super) async fn list_after<Q: Drained<Ahead = Ahead>>(&self, q: &Q, after: &str) -> Listed {
         let place = q.listing();
-        let prefix = place.prefix.as_str();
+        let prefix = place.prefix;
         let Ok(keys) = self.store.list_after(prefix, after, MAX_LANDING).await else {
             return Listed::default();
         };

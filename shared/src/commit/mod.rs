@@ -204,6 +204,8 @@ struct Queue {
     incarnation: String,
     partition: u32,
     key: String,
+    /// Where its combinable segments and intents are listed (`keys::segments_prefix`).
+    segments_prefix: String,
     /// The incarnation's tag, which this process's combinable segment ids end in from
     /// fleet level 4 ([`crate::partition::combine::tag`]).
     tag: String,
@@ -625,6 +627,7 @@ impl Committer {
                     incarnation: topic.incarnation.clone(),
                     partition,
                     key: topic.manifest_key(partition),
+                    segments_prefix: crate::keys::segments_prefix(&topic.name, partition),
                     tag: crate::partition::combine::tag(&topic.incarnation),
                     created_at_ms: topic.created_at_ms,
                     chore: chore::Chore::default(),
@@ -680,7 +683,7 @@ impl Drained for Queue {
 
     fn listing(&self) -> queue::Place<'_> {
         queue::Place {
-            prefix: crate::keys::segments_prefix(&self.topic, self.partition),
+            prefix: &self.segments_prefix,
             tag: Some(&self.tag),
             created_at_ms: self.created_at_ms,
         }

@@ -62,7 +62,7 @@ pub(super) trait Drained: Send + Sync + Sized + 'static {
 /// Where a queue's object has its combining writes listed (`listing::Committer::list_after`).
 pub(super) struct Place<'a> {
     /// The prefix its combinable segments and intents are written under.
-    pub prefix: String,
+    pub prefix: &'a str,
     /// The incarnation tag its combinable segments must carry; `None`: it has none (a
     /// ledger's prefix holds intents only).
     pub tag: Option<&'a str>,
@@ -178,6 +178,7 @@ impl Committer {
                 if st.pending.is_empty() {
                     match (st.role.idle(), st.role.sweep_with()) {
                         (Idle::Sweep, Some(with)) if !self.tasks.stopping() => {
+                            st.last_batch = 0;
                             (Vec::new(), with, std::mem::take(&mut st.held))
                         }
                         _ => {
@@ -189,11 +190,11 @@ impl Committer {
                 } else {
                     let (n, with) = Q::take(&st.pending);
                     let ops: Vec<Q::Op> = st.pending.drain(..n.max(1)).collect();
+                    st.last_batch = ops.len();
                     st.role.took_batch(with.clone());
                     (ops, with, std::mem::take(&mut st.held))
                 }
             };
-            lock(q.state()).last_batch = ops.len();
             let held = Q::run(&self, &q, ops, (with, held)).await;
             Q::keep(&mut lock(q.state()), held);
         }

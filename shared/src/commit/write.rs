@@ -44,8 +44,7 @@ impl Committer {
         ask: Ask,
     ) -> BrokerResult<Intent> {
         self.stats.intents.fetch_add(1, Ordering::Relaxed);
-        let prefix = keys::segments_prefix(&q.topic, q.partition);
-        self.put_intent(&prefix, after, ask).await
+        self.put_intent(&q.segments_prefix, after, ask).await
     }
 
     /// Writes the intent asking `ask` under `prefix` (a partition's `segments/`, or a

@@ -289,7 +289,7 @@ impl Drained for LedgerQueue {
     /// The ledger's own prefix: intents only.
     fn listing(&self) -> Place<'_> {
         Place {
-            prefix: self.intents_prefix.clone(),
+            prefix: &self.intents_prefix,
             tag: None,
             created_at_ms: 0,
         }
