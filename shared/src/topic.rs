@@ -1,6 +1,7 @@
-//! A topic as the broker uses it ([`Topic`]), and its stored form `topics/{t}/topic.json`
+//! A topic as the broker uses it ([`Topic`]), its stored form `topics/{t}/topic.json`
 //! ([`TopicRecord`], a [`crate::cas`] record created with put-if-absent and changed by
-//! conditional writes, docs/design.md §2).
+//! conditional writes, docs/design.md §2), and the [`Group`] of competing consumers an
+//! operation is for.
 //!
 //! Each creation of a topic name gets a new `incarnation` id (time-sortable), so objects
 //! left behind by a deleted topic of the same name are told apart from the new topic's.
@@ -10,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cas::JsonRecord;
 use std::sync::Arc;
 
+use crate::error::{BrokerError, BrokerResult};
 use crate::settings::TopicSettings;
 use crate::store::ETag;
 use crate::subscription::{SubscriptionRecord, Subscriptions};
@@ -122,4 +124,61 @@ mod tests {
         assert_eq!(back["settings"]["visibility_timeout_ms"], 1000);
         assert_eq!(back["owner"], "team-a");
     }
+}
+
+/// Which set of competing consumers an operation is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Group<'a> {
+    /// The topic's default subscription (its ledger is in the manifest).
+    Default,
+    /// A named subscription.
+    Named(&'a str, &'a SubscriptionRecord),
+}
+
+impl<'a> Group<'a> {
+    /// The group `name` names on `topic` (`None`: the default one).
+    ///
+    /// Errors: [`BrokerError::InvalidSetting`] for an invalid name,
+    /// [`BrokerError::SubscriptionNotFound`]; [`BrokerError::StaleTopic`] when a topic
+    /// from this process's cache does not have it (another process may have just created
+    /// it: the caller reads the topic again).
+    pub(crate) fn of(topic: &'a Topic, name: Option<&'a str>) -> BrokerResult<Self> {
+        let Some(name) = name else {
+            return Ok(Group::Default);
+        };
+        validate_name(name)?;
+        match topic.subscriptions.get_key_value(name) {
+            Some((n, rec)) => Ok(Group::Named(n, rec)),
+            None if topic.from_cache => Err(BrokerError::StaleTopic),
+            None => Err(BrokerError::SubscriptionNotFound),
+        }
+    }
+
+    /// Its name (`None`: the default one).
+    pub(crate) fn name(&self) -> Option<&'a str> {
+        match *self {
+            Group::Default => None,
+            Group::Named(name, _) => Some(name),
+        }
+    }
+
+    /// The settings its leases and settles obey.
+    pub(crate) fn settings(&self, topic: &Topic) -> TopicSettings {
+        match self {
+            Group::Default => topic.settings.clone(),
+            Group::Named(_, rec) => rec.settings.effective(&topic.settings),
+        }
+    }
+}
+
+/// Checks a subscription name: the rules of topic names.
+///
+/// Errors: [`BrokerError::InvalidSetting`].
+pub(crate) fn validate_name(name: &str) -> BrokerResult<()> {
+    crate::keys::validate_topic(name).map_err(|e| {
+        BrokerError::InvalidSetting(crate::settings::InvalidSetting(format!(
+            "invalid subscription name: {}",
+            e.0
+        )))
+    })
 }

@@ -202,10 +202,7 @@ impl Broker {
     /// Whether a waiting consume may skip `p` without a storage request, per `view`: the
     /// broker time until which it may (`None`: it may not).
     fn quiet(&self, (topic, group): (&Topic, Group<'_>), p: u32, view: &View) -> Option<u64> {
-        let peek = match group {
-            Group::Default => self.committer.peek(topic, p),
-            Group::Named(name, sub) => self.committer.peek_ledger(topic, (name, sub), p),
-        };
+        let peek = self.committer.peek((topic, group), p);
         let until = match (view.seen(p), peek) {
             (Seen::Missing, Peek::Unknown) => Some(u64::MAX),
             (
@@ -277,16 +274,12 @@ impl Broker {
             let answer = match group {
                 Group::Default => {
                     let likely = self.committer.likely_segment(topic, p);
-                    let lease = self.committer.lease(topic, p, want);
+                    let lease = self.committer.lease((topic, group), p, want);
                     let (answer, ()) =
                         futures::join!(lease, self.read_beside(&topic.name, p, likely));
                     answer?
                 }
-                Group::Named(n, rec) => {
-                    self.committer
-                        .lease_subscription(topic, (n, rec), p, want)
-                        .await?
-                }
+                Group::Named(..) => self.committer.lease((topic, group), p, want).await?,
             };
             let before = out.len();
             self.take_leased(topic, group, p, answer, &mut out, &mut used)

@@ -16,6 +16,7 @@ use crate::partition::index::Index;
 use crate::partition::Manifest;
 use crate::segment::Segment;
 use crate::store::DynStore;
+use crate::topic::Group;
 
 /// What gc and compaction may do ([`Broker::housekeeping`]).
 #[derive(Debug, Clone, Copy)]
@@ -97,7 +98,10 @@ impl Housekeeping<'_> {
     ///
     /// Errors: the commit's failure.
     pub(crate) async fn apply_retention(&self, topic: &Topic, p: u32) -> BrokerResult<()> {
-        self.broker.committer.lease(topic, p, (0, 0)).await?;
+        self.broker
+            .committer
+            .lease((topic, Group::Default), p, (0, 0))
+            .await?;
         Ok(())
     }
 

@@ -231,16 +231,10 @@ impl Broker {
         take: u32,
     ) -> u32 {
         let n = topic.settings.partitions;
-        self.sticky.pick(
-            kind,
-            (&topic.name, group.name()),
-            n,
-            take,
-            |p| match group {
-                Group::Default => self.committer.peek(topic, p) == crate::commit::Peek::Busy,
-                Group::Named(name, sub) => self.committer.ledger_busy(topic, (name, sub), p),
-            },
-        )
+        self.sticky
+            .pick(kind, (&topic.name, group.name()), n, take, |p| {
+                self.committer.busy((topic, group), p)
+            })
     }
 
     /// Runs `f` with the topic; if the topic turned out stale (deleted and created again

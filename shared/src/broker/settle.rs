@@ -203,13 +203,6 @@ impl Broker {
         p: u32,
         settles: &[SettleAt],
     ) -> Vec<BrokerResult<()>> {
-        match group {
-            Group::Default => self.committer.settle_many(topic, p, settles).await,
-            Group::Named(name, rec) => {
-                self.committer
-                    .settle_subscription(topic, (name, rec), p, settles)
-                    .await
-            }
-        }
+        self.committer.settle_many((topic, group), p, settles).await
     }
 }

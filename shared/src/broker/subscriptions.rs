@@ -1,5 +1,5 @@
-//! Subscriptions (docs/design.md §5): creating, listing, changing and deleting them, and
-//! the [`Group`] a consume, settle or dead-letter move works on.
+//! Subscriptions (docs/design.md §5): creating, listing, changing and deleting them (the
+//! [`Group`] a consume, settle or dead-letter move works on is `topic.rs`'s).
 //!
 //! A subscription's record is part of the topic record, changed by the same conditional
 //! writes as the topic's settings; its ledgers are objects of their own
@@ -17,63 +17,7 @@ use crate::subscription::{Start, SubscriptionInput, SubscriptionRecord};
 use crate::topic::{Topic, TopicRecord};
 
 use super::{Broker, Created};
-
-/// Which set of competing consumers an operation is for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Group<'a> {
-    /// The topic's default subscription (its ledger is in the manifest).
-    Default,
-    /// A named subscription.
-    Named(&'a str, &'a SubscriptionRecord),
-}
-
-impl<'a> Group<'a> {
-    /// The group `name` names on `topic` (`None`: the default one).
-    ///
-    /// Errors: [`BrokerError::InvalidSetting`] for an invalid name,
-    /// [`BrokerError::SubscriptionNotFound`]; [`BrokerError::StaleTopic`] when a topic
-    /// from this process's cache does not have it (another process may have just created
-    /// it: the caller reads the topic again).
-    pub(crate) fn of(topic: &'a Topic, name: Option<&'a str>) -> BrokerResult<Self> {
-        let Some(name) = name else {
-            return Ok(Group::Default);
-        };
-        validate_name(name)?;
-        match topic.subscriptions.get_key_value(name) {
-            Some((n, rec)) => Ok(Group::Named(n, rec)),
-            None if topic.from_cache => Err(BrokerError::StaleTopic),
-            None => Err(BrokerError::SubscriptionNotFound),
-        }
-    }
-
-    /// Its name (`None`: the default one).
-    pub(crate) fn name(&self) -> Option<&'a str> {
-        match *self {
-            Group::Default => None,
-            Group::Named(name, _) => Some(name),
-        }
-    }
-
-    /// The settings its leases and settles obey.
-    pub(crate) fn settings(&self, topic: &Topic) -> crate::settings::TopicSettings {
-        match self {
-            Group::Default => topic.settings.clone(),
-            Group::Named(_, rec) => rec.settings.effective(&topic.settings),
-        }
-    }
-}
-
-/// Checks a subscription name: the rules of topic names.
-///
-/// Errors: [`BrokerError::InvalidSetting`].
-pub(crate) fn validate_name(name: &str) -> BrokerResult<()> {
-    keys::validate_topic(name).map_err(|e| {
-        BrokerError::InvalidSetting(crate::settings::InvalidSetting(format!(
-            "invalid subscription name: {}",
-            e.0
-        )))
-    })
-}
+pub(crate) use crate::topic::{validate_name, Group};
 
 /// One partition of a subscription, as `GET /v1/topics/{t}/subscriptions/{s}` shows it.
 #[derive(Debug, Clone, Serialize)]

@@ -16,7 +16,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::{Layout, Ledger, Manifest};
 use crate::settings::{InvalidSetting, SettingsInput, TopicSettings};
-use crate::topic::{Topic, TopicRecord};
+use crate::topic::{Group, Topic, TopicRecord};
 
 /// One partition's state, for `GET /v1/topics/{topic}`.
 #[derive(Debug, Clone, Serialize)]
@@ -352,17 +352,10 @@ impl Broker {
         if let Some(sub) = sub {
             return self
                 .with_topic(name, |topic| async move {
-                    let super::subscriptions::Group::Named(n, rec) =
-                        super::subscriptions::Group::of(&topic, Some(sub))?
-                    else {
-                        return Err(BrokerError::SubscriptionNotFound);
-                    };
+                    let group = Group::of(&topic, Some(sub))?;
                     let mut removed = 0;
                     for p in 0..topic.settings.partitions {
-                        removed += self
-                            .committer
-                            .purge_subscription(&topic, (n, rec), p)
-                            .await?;
+                        removed += self.committer.purge((&topic, group), p).await?;
                     }
                     Ok(removed)
                 })
@@ -371,7 +364,7 @@ impl Broker {
         self.with_topic(name, |topic| async move {
             let mut removed = 0;
             for p in 0..topic.settings.partitions {
-                removed += self.committer.purge(&topic, p).await?;
+                removed += self.committer.purge((&topic, Group::Default), p).await?;
             }
             Ok(removed)
         })

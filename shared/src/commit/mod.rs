@@ -69,7 +69,7 @@ use crate::partition::produce::NewStored;
 use crate::partition::{Layout, Leased, Manifest, Rules, SegmentRef, Settle};
 use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
-use crate::topic::Topic;
+use crate::topic::{Group, Topic};
 
 pub(crate) use repair::Repair;
 pub(crate) use wake::Wakers;
@@ -171,6 +171,18 @@ enum Op {
     Settle(SettleOp, oneshot::Sender<BrokerResult<()>>),
     Compact(Vec<Swap>, oneshot::Sender<BrokerResult<u64>>),
     Purge(oneshot::Sender<BrokerResult<u64>>),
+}
+
+impl Op {
+    /// Answers its caller `e`.
+    fn fail(self, e: BrokerError) {
+        match self {
+            Op::Produce(_, tx) => drop(tx.send(Err(e))),
+            Op::Lease(_, _, tx) => drop(tx.send(Err(e))),
+            Op::Settle(_, tx) => drop(tx.send(Err(e))),
+            Op::Compact(_, tx) | Op::Purge(tx) => drop(tx.send(Err(e))),
+        }
+    }
 }
 
 struct Pending {
@@ -308,10 +320,10 @@ async fn answer<T>(rx: oneshot::Receiver<BrokerResult<T>>) -> BrokerResult<T> {
 
 /// One queued settle per (offset, lease id, action), and the receivers of their answers.
 fn settle_ops(
-    topic: &Topic,
+    (topic, group): (&Topic, Group<'_>),
     settles: &[(u64, u64, Settle)],
 ) -> (Vec<Op>, Vec<oneshot::Receiver<BrokerResult<()>>>) {
-    let rules = Rules::from(&topic.settings);
+    let rules = Rules::from(&group.settings(topic));
     let mut ops = Vec::with_capacity(settles.len() + 1);
     let mut answers = Vec::with_capacity(settles.len());
     for &(offset, lease_id, action) in settles {
@@ -382,18 +394,23 @@ impl Committer {
         answer(rx).await
     }
 
-    /// Leases up to `max` available messages of about `max_bytes` of payload at most
-    /// (the first whatever its size; 0 messages: a commit that only applies retention).
+    /// Leases up to `max` available messages of `group` of about `max_bytes` of payload
+    /// at most (the first whatever its size; 0 messages on the default group: a commit
+    /// that only applies retention).
     ///
     /// Errors: as [`Committer::produce`].
     pub(crate) async fn lease(
         self: &Arc<Self>,
-        topic: &Topic,
+        (topic, group): (&Topic, Group<'_>),
         partition: u32,
         (max, max_bytes): (usize, u64),
     ) -> BrokerResult<LeaseAnswer> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, [Op::Lease(max, max_bytes, tx)]);
+        self.submit(
+            (topic, group),
+            partition,
+            vec![Op::Lease(max, max_bytes, tx)],
+        );
         answer(rx).await
     }
 
@@ -412,7 +429,7 @@ impl Committer {
         (max, max_bytes): (usize, u64),
         settles: &[(u64, u64, Settle)],
     ) -> (BrokerResult<LeaseAnswer>, Vec<BrokerResult<()>>) {
-        let (mut ops, settled) = settle_ops(topic, settles);
+        let (mut ops, settled) = settle_ops((topic, Group::Default), settles);
         let (tx, leased) = oneshot::channel();
         ops.push(Op::Lease(max, max_bytes, tx));
         self.enqueue(topic, partition, ops);
@@ -431,12 +448,12 @@ impl Committer {
     /// Errors: as [`Committer::settle`], each its own.
     pub(crate) async fn settle_many(
         self: &Arc<Self>,
-        topic: &Topic,
+        (topic, group): (&Topic, Group<'_>),
         partition: u32,
         settles: &[(u64, u64, Settle)],
     ) -> Vec<BrokerResult<()>> {
-        let (ops, settled) = settle_ops(topic, settles);
-        self.enqueue(topic, partition, ops);
+        let (ops, settled) = settle_ops((topic, group), settles);
+        self.submit((topic, group), partition, ops);
         let mut results = Vec::with_capacity(settled.len());
         for rx in settled {
             results.push(answer(rx).await);
@@ -457,8 +474,9 @@ impl Committer {
         lease_id: u64,
         action: Settle,
     ) -> BrokerResult<()> {
+        let settles = [(offset, lease_id, action)];
         let mut r = self
-            .settle_many(topic, partition, &[(offset, lease_id, action)])
+            .settle_many((topic, Group::Default), partition, &settles)
             .await;
         r.pop()
             .unwrap_or_else(|| Err(BrokerError::Internal("a settle got no result".into())))
@@ -479,17 +497,49 @@ impl Committer {
         answer(rx).await
     }
 
-    /// What this process knows of a partition without asking the store, for the idle
-    /// watch (`broker/watch.rs`): [`Peek::Unknown`] when it holds no snapshot (never
-    /// committed or read here), [`Peek::Busy`] while operations are queued or a batch is
-    /// running, else the cached snapshot's ETag and [`lease::quiet_until`] on it.
-    pub(crate) fn peek(&self, topic: &Topic, partition: u32) -> Peek {
+    /// What this process knows of `group` on a partition without asking the store, for
+    /// waiting consumes (`broker/consume.rs`): the default group's as
+    /// [`Committer::peek_partition`] says, a named one's as its ledger's queue says
+    /// ([`ledgers::Ledgers`]).
+    pub(crate) fn peek(&self, (topic, group): (&Topic, Group<'_>), partition: u32) -> Peek {
+        match group {
+            Group::Default => self.peek_partition(topic, partition),
+            Group::Named(name, sub) => {
+                let now = self.clock.now_ms();
+                self.ledgers.peek(topic, (name, sub), partition, now)
+            }
+        }
+    }
+
+    /// Whether `group`'s queue on `partition` has operations queued or a batch running
+    /// in this process (operations arriving now would share its next commit).
+    pub(crate) fn busy(&self, (topic, group): (&Topic, Group<'_>), partition: u32) -> bool {
+        match group {
+            Group::Default => self.peek_partition(topic, partition) == Peek::Busy,
+            Group::Named(name, sub) => self.ledgers.busy(topic, (name, sub), partition),
+        }
+    }
+
+    /// Queues `ops` on `group`'s queue of `partition`.
+    fn submit(self: &Arc<Self>, (topic, group): (&Topic, Group<'_>), partition: u32, ops: Vec<Op>) {
+        match group {
+            Group::Default => self.enqueue(topic, partition, ops),
+            Group::Named(name, sub) => {
+                self.enqueue_subscription(topic, (name, sub), partition, ops)
+            }
+        }
+    }
+
+    /// The default group's peek: [`Peek::Unknown`] when this process holds no snapshot
+    /// (never committed or read here), [`Peek::Busy`] while operations are queued or a
+    /// batch is running, else the cached snapshot's ETag and [`lease::quiet_until`] on it.
+    fn peek_partition(&self, topic: &Topic, partition: u32) -> Peek {
         let key = (topic.name.clone(), topic.incarnation.clone(), partition);
         let Some(queue) = lock(&self.queues).get(&key).cloned() else {
             return Peek::Unknown;
         };
         let st = lock(&queue.state);
-        if st.running || !st.pending.is_empty() {
+        if st.busy() {
             return Peek::Busy;
         }
         match &st.held {
@@ -554,11 +604,11 @@ impl Committer {
     /// Errors: as [`Committer::produce`].
     pub(crate) async fn purge(
         self: &Arc<Self>,
-        topic: &Topic,
+        (topic, group): (&Topic, Group<'_>),
         partition: u32,
     ) -> BrokerResult<u64> {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(topic, partition, [Op::Purge(tx)]);
+        self.submit((topic, group), partition, vec![Op::Purge(tx)]);
         answer(rx).await
     }
 

@@ -11,7 +11,7 @@ use super::combine::Own;
 use super::{LeaseAnswer, Op, Pending, TopicSeen};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::batch::{self, Applied, Batch};
-use crate::partition::intent::{self, Intent, Status as IntentStatus};
+use crate::partition::intent::{self, Answered, Intent};
 use crate::partition::produce::Unplaced;
 use crate::partition::{Layout, Manifest, Rules};
 use crate::settings::TopicSettings;
@@ -158,38 +158,27 @@ fn answer_intents(
     own: &[Intent],
     state: &Manifest,
 ) {
-    let outcome = |i: Option<&Intent>| match i.map(|i| intent::status(state, &i.id)) {
-        Some(IntentStatus::Decided(o)) => Some(o),
-        _ => None,
+    let answered = |k: usize| {
+        own.get(k)
+            .and_then(|i| intent::answered(state, &state.leases, &i.id))
     };
     let n = settled.len();
     for (k, tx) in settled.into_iter().enumerate() {
-        let r = outcome(own.get(k))
-            .and_then(|o| o.settle_result())
-            .map_or(Err(BrokerError::Contention), |r| {
-                r.map_err(BrokerError::from)
-            });
+        let r = match answered(k) {
+            Some(Answered::Settled(r)) => r.map_err(BrokerError::from),
+            _ => Err(BrokerError::Contention),
+        };
         let _ = tx.send(r);
     }
     let layout = Arc::new(state.layout());
     for (k, tx) in leased.into_iter().enumerate() {
-        let r = match outcome(own.get(n + k)).and_then(|o| o.lease_result()) {
-            Some(mut got) => {
-                let held = |g: &crate::partition::Grant| {
-                    state
-                        .leases
-                        .get(&g.offset)
-                        .is_some_and(|l| l.lease_id == g.lease_id)
-                };
-                got.grants.retain(held);
-                got.dead.retain(held);
-                Ok(LeaseAnswer {
-                    leased: got,
-                    layout: layout.clone(),
-                    shared: true,
-                })
-            }
-            None => Err(BrokerError::Contention),
+        let r = match answered(n + k) {
+            Some(Answered::Leased(leased)) => Ok(LeaseAnswer {
+                leased,
+                layout: layout.clone(),
+                shared: true,
+            }),
+            _ => Err(BrokerError::Contention),
         };
         let _ = tx.send(r);
     }

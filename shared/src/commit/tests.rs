@@ -24,6 +24,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::testing::fault::{FaultPlan, FaultStore};
 use crate::store::testing::hook::ReplaceHook;
 use crate::store::DynStore;
+use crate::topic::Group;
 use crate::topic::{Topic, TopicRecord};
 
 const START_MS: u64 = 1_800_000_000_000;
@@ -274,7 +275,10 @@ async fn an_ack_intent_whose_lease_lapsed_before_it_landed_answers_410_and_chang
     let w = world().await;
     let (a, b) = (process(&w, w.store.clone()), process(&w, w.store.clone()));
     a.produce(&w.topic, 0, message(&w)).await.unwrap();
-    let got = a.lease(&w.topic, 0, (1, 1 << 20)).await.unwrap();
+    let got = a
+        .lease((&w.topic, Group::Default), 0, (1, 1 << 20))
+        .await
+        .unwrap();
     let grant = got.leased.grants[0].clone();
     assert_eq!(grant.offset, 0);
     b.produce(&w.topic, 0, message(&w)).await.unwrap();
@@ -360,10 +364,16 @@ async fn settles_queued_with_a_lease_commit_with_it_and_free_its_place() {
     for _ in 0..3 {
         c.produce(&w.topic, 0, message(&w)).await.unwrap();
     }
-    let first = c.lease(&w.topic, 0, (1, u64::MAX)).await.unwrap();
+    let first = c
+        .lease((&w.topic, Group::Default), 0, (1, u64::MAX))
+        .await
+        .unwrap();
     let g = first.leased.grants[0].clone();
     // In flight is full: a lease alone gets nothing.
-    let none = c.lease(&w.topic, 0, (1, u64::MAX)).await.unwrap();
+    let none = c
+        .lease((&w.topic, Group::Default), 0, (1, u64::MAX))
+        .await
+        .unwrap();
     assert!(none.leased.grants.is_empty());
 
     let commits = c.stats.commits.load(Ordering::Relaxed);

@@ -29,14 +29,14 @@
 //! An intent is applied at most once, because only ids above `combined_through` are
 //! applied and applying raises it past them.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use super::lease::{Grant, Leased};
 use super::ledger::Ledger;
 use super::settle::{Refused, Settle};
-use super::Manifest;
+use super::{Lease, Manifest};
 
 /// A state that decides intents: the partition's manifest (the default subscription's,
 /// intents under `segments/`) or a subscription's ledger (intents under the ledger's own
@@ -358,6 +358,41 @@ pub(crate) fn status(m: &impl Decides, id: &str) -> Status {
     Status::Pending
 }
 
+/// What an intent's operation is answered, once decided ([`answered`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answered {
+    /// A settle's result.
+    Settled(Result<(), Refused>),
+    /// A lease request's grants and parked messages.
+    Leased(Leased),
+}
+
+/// What the operation of the intent `id` is answered from `m`, whose leases are `leases`:
+/// a settle as its outcome says, a lease request with the grants `leases` still shows
+/// held by it (a later commit may have ended one already). `None` while `m` records no
+/// outcome for it: its caller gets 503, the outcome unknown.
+pub(crate) fn answered(
+    m: &impl Decides,
+    leases: &BTreeMap<u64, Lease>,
+    id: &str,
+) -> Option<Answered> {
+    let Status::Decided(o) = status(m, id) else {
+        return None;
+    };
+    if let Some(r) = o.settle_result() {
+        return Some(Answered::Settled(r));
+    }
+    let mut got = o.lease_result()?;
+    let held = |g: &Grant| {
+        leases
+            .get(&g.offset)
+            .is_some_and(|l| l.lease_id == g.lease_id)
+    };
+    got.grants.retain(held);
+    got.dead.retain(held);
+    Some(Answered::Leased(got))
+}
+
 /// The intents of `listed` still pending in `m`, in id order, each once: what a commit
 /// from `m` applies (decided by the state it starts from, so that landing raises
 /// `combined_through` without making a listed intent look passed over).
@@ -502,6 +537,46 @@ mod tests {
             r#"{"l":{"v":9,"g":[[4,2]],"d":[[1,5]]}}"#
         );
         assert_eq!(serde_json::to_string(&Outcome::Gone).unwrap(), r#""gone""#);
+    }
+
+    #[test]
+    fn a_decided_lease_is_answered_only_the_grants_still_held_by_it() {
+        use crate::partition::testing::leased;
+        let mut m = manifest_with(3);
+        let (lease, settle) = (
+            Ask::Lease {
+                max: 2,
+                max_bytes: 1,
+            },
+            ack(2, 4),
+        );
+        let (l, s) = (
+            Intent::id(1, "", "a", lease),
+            Intent::id(2, "", "b", settle),
+        );
+        assert_eq!(answered(&m, &m.leases, &l), None, "pending");
+        let grant = |offset| Grant {
+            offset,
+            lease_id: 9,
+            delivery_count: 1,
+        };
+        let got = Leased {
+            grants: vec![grant(0), grant(1)],
+            dead: vec![],
+        };
+        record(&mut m, &l, Outcome::leased(9, &got));
+        record(&mut m, &s, Outcome::settled(Err(Refused::LeaseGone)));
+        m.combined_through = s.clone();
+        // Offset 1 was leased again since (another lease id): only offset 0 is its.
+        leased(&mut m, &[0], 9, 100);
+        leased(&mut m, &[1], 10, 100);
+        let only_0 = Leased {
+            grants: vec![grant(0)],
+            dead: vec![],
+        };
+        assert_eq!(answered(&m, &m.leases, &l), Some(Answered::Leased(only_0)));
+        let gone = Answered::Settled(Err(Refused::LeaseGone));
+        assert_eq!(answered(&m, &m.leases, &s), Some(gone));
     }
 
     #[test]

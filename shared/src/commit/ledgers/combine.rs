@@ -39,7 +39,7 @@ use super::super::{lock, Committer};
 use super::{Answer, Known, LedgerQueue};
 use crate::cas::Cell;
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::intent::{self, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
+use crate::partition::intent::{self, Answered, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, SubscriptionState};
 use crate::partition::{Manifest, Rules};
 
@@ -272,23 +272,16 @@ impl Committer {
         own: &[Intent],
         known: &mut Known,
     ) {
-        let outcomes: Vec<Option<intent::Outcome>> = own
+        let answers: Vec<Option<Answered>> = own
             .iter()
             .map(|i| {
-                match known
-                    .ledger
-                    .as_ref()
-                    .map(|l| intent::status(&l.value, &i.id))
-                {
-                    Some(Status::Decided(o)) => Some(o),
-                    _ => None,
-                }
+                let l = &known.ledger.as_ref()?.value;
+                intent::answered(l, &l.leases, &i.id)
             })
             .collect();
         let next = known.log.as_ref().map_or(0, |(l, _)| l.value.next_offset);
-        let beyond = outcomes.iter().flatten().any(|o| {
-            o.lease_result()
-                .is_some_and(|l| l.grants.iter().chain(&l.dead).any(|g| g.offset >= next))
+        let beyond = answers.iter().flatten().any(|a| {
+            matches!(a, Answered::Leased(l) if l.grants.iter().chain(&l.dead).any(|g| g.offset >= next))
         });
         if beyond {
             if let Some((log, at)) = known.log.as_mut() {
@@ -310,26 +303,10 @@ impl Committer {
                 .map(|(l, _)| l.value.layout())
                 .unwrap_or_default(),
         );
-        let held = |g: &crate::partition::Grant| {
-            known.ledger.as_ref().is_some_and(|l| {
-                l.value
-                    .leases
-                    .get(&g.offset)
-                    .is_some_and(|h| h.lease_id == g.lease_id)
-            })
-        };
-        for ((_, _, tx), outcome) in batch.into_iter().zip(outcomes) {
-            let out = outcome.and_then(|o| match (o.settle_result(), o.lease_result()) {
-                (Some(r), _) => Some(LedgerOutcome::Settled(r)),
-                (None, Some(mut got)) => {
-                    got.grants.retain(held);
-                    got.dead.retain(held);
-                    Some(LedgerOutcome::Leased(got))
-                }
-                (None, None) => None,
-            });
-            match out {
-                Some(out) => tx.answer(out, &layout, true),
+        for ((_, _, tx), answer) in batch.into_iter().zip(answers) {
+            match answer {
+                Some(Answered::Settled(r)) => tx.answer(LedgerOutcome::Settled(r), &layout, true),
+                Some(Answered::Leased(l)) => tx.answer(LedgerOutcome::Leased(l), &layout, true),
                 None => tx.fail(BrokerError::Contention),
             }
         }

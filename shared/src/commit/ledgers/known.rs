@@ -1,5 +1,5 @@
 //! What a ledger's queue knows between batches, and what it tells without a storage
-//! request: whether a waiting consume may skip the partition ([`Committer::peek_ledger`])
+//! request: whether a waiting consume may skip the partition ([`Ledgers::peek`])
 //! and the figures `/metrics` shows ([`Committer::ledger_summaries`]).
 
 use std::collections::HashMap;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::runtime::Instant;
 
-use super::{LedgerKey, LedgerQueue};
+use super::{LedgerKey, LedgerQueue, Ledgers};
 use crate::cas::Snapshot;
 use crate::commit::{lock, Committer, Peek};
 use crate::partition::lease::{self, Keys};
@@ -19,13 +19,13 @@ use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
 
 /// How long a waiting consume may skip a partition on the ledger as this process last
-/// read or wrote it ([`Committer::peek_ledger`]): another process's nack or release
+/// read or wrote it ([`Ledgers::peek`]): another process's nack or release
 /// reaches this process's idle waiters within it, as the longest listing interval
 /// (`idle_poll_max`, 4 s) bounds other news.
 pub(super) const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
 
 /// How soon a waiting consume looks again at a partition whose knowledge a batch is
-/// renewing ([`Committer::peek_ledger`]).
+/// renewing ([`Ledgers::peek`]).
 const RENEWING_LOOK: Duration = Duration::from_millis(50);
 
 /// One subscription's partition as a batch left it ([`Committer::ledger_summaries`]).
@@ -69,7 +69,7 @@ pub(super) struct Known {
     pub(super) figures: Option<Figures>,
 }
 
-/// What a batch that left nothing to lease knew ([`Committer::peek_ledger`]).
+/// What a batch that left nothing to lease knew ([`Ledgers::peek`]).
 #[derive(Debug, Clone)]
 pub(super) struct Quiet {
     /// The ETag of the log it used.
@@ -114,20 +114,21 @@ pub(super) fn note_batch(known: &mut Known, drained: bool, rules: &Rules, now: u
     }
 }
 
-impl Committer {
-    /// What a waiting consume of the subscription `sub` may know of `partition` without a
-    /// storage request, as [`Committer::peek`] for the default one: the ETag of the log
+impl Ledgers {
+    /// What a waiting consume of the subscription `sub` may know of `partition` at `now`
+    /// without a storage request ([`Committer::peek`]): the ETag of the log
     /// and when a lease could next get anything, as the last batch left them when it
     /// found nothing more to lease, for [`LEDGER_MAX_AGE`] after it ([`Peek::Unknown`]
     /// otherwise; while a batch renews it, a little longer). A batch running meanwhile does
     /// not hide it: waiting consumes that wake together do not each start a batch.
-    pub(crate) fn peek_ledger(
+    pub(in crate::commit) fn peek(
         &self,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
         partition: u32,
+        now: u64,
     ) -> Peek {
-        let Some(queue) = self.ledger_queue(topic, (name, sub), partition) else {
+        let Some(queue) = self.queue(topic, (name, sub), partition) else {
             return Peek::Unknown;
         };
         let (quiet, renewing) = {
@@ -145,13 +146,15 @@ impl Committer {
             _ => return Peek::Unknown,
         };
         let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let aged = self.clock.now_ms().saturating_add(left);
+        let aged = now.saturating_add(left);
         Peek::Known {
             etag: quiet.log,
             quiet_until: quiet.until.map(|u| u.min(aged)),
         }
     }
+}
 
+impl Committer {
     /// What this process's ledger queues last saw of every subscription's partitions,
     /// newest topic incarnation and subscription id of each name only; no storage
     /// request.

@@ -28,10 +28,10 @@ use tokio::sync::oneshot;
 use super::listing::Ahead;
 use super::queue::Place;
 use super::queue::{Drained, QueueState};
-use super::{answer, lock, Committer, LeaseAnswer};
+use super::{lock, Committer, LeaseAnswer, Op};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, Origin};
-use crate::partition::{Layout, Rules, Settle};
+use crate::partition::{Layout, Rules};
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
 pub(crate) use known::Figures;
@@ -136,110 +136,63 @@ impl Answer {
     }
 }
 
-impl Committer {
-    /// Leases up to `max` messages of about `max_bytes` (the first whatever its size) for
-    /// the subscription `sub` on `partition`.
-    ///
-    /// Errors: [`BrokerError::StaleTopic`] when the topic was created again, storage
-    /// failures ([`BrokerError::Contention`], [`BrokerError::Store`]).
-    pub(crate) async fn lease_subscription(
-        self: &Arc<Self>,
-        topic: &Topic,
-        (name, sub): (&str, &SubscriptionRecord),
-        partition: u32,
-        (max, max_bytes): (usize, u64),
-    ) -> BrokerResult<LeaseAnswer> {
-        let (tx, rx) = oneshot::channel();
-        let op = LedgerOp::Lease { max, max_bytes };
-        self.enqueue_subscription(topic, (name, sub), partition, [(op, Answer::Lease(tx))]);
-        answer(rx).await
-    }
-
-    /// Settles `settles` (offset, lease id, action) of the subscription `sub` on
-    /// `partition`, queued together; each one's result, in order.
-    ///
-    /// Errors: [`BrokerError::LeaseGone`], [`BrokerError::AckedAheadFull`], and as
-    /// [`Committer::lease_subscription`], each its own.
-    pub(crate) async fn settle_subscription(
-        self: &Arc<Self>,
-        topic: &Topic,
-        (name, sub): (&str, &SubscriptionRecord),
-        partition: u32,
-        settles: &[(u64, u64, Settle)],
-    ) -> Vec<BrokerResult<()>> {
-        let mut answers = Vec::with_capacity(settles.len());
-        let ops: Vec<(LedgerOp, Answer)> = settles
-            .iter()
-            .map(|&(offset, lease_id, action)| {
-                let (tx, rx) = oneshot::channel();
-                answers.push(rx);
+impl Answer {
+    /// The ledger operation `op` asks for, and its caller; `Err` with the caller for an
+    /// operation no ledger takes (a produce, a compaction: they go to the partition's
+    /// queue).
+    fn of(op: Op) -> Result<(LedgerOp, Answer), Op> {
+        Ok(match op {
+            Op::Lease(max, max_bytes, tx) => {
+                (LedgerOp::Lease { max, max_bytes }, Answer::Lease(tx))
+            }
+            Op::Settle(s, tx) => {
                 let op = LedgerOp::Settle {
-                    offset,
-                    lease_id,
-                    action,
+                    offset: s.offset,
+                    lease_id: s.lease_id,
+                    action: s.action,
                 };
                 (op, Answer::Settle(tx))
-            })
-            .collect();
-        self.enqueue_subscription(topic, (name, sub), partition, ops);
-        let mut results = Vec::with_capacity(answers.len());
-        for rx in answers {
-            results.push(answer(rx).await);
-        }
-        results
+            }
+            Op::Purge(tx) => (LedgerOp::Purge, Answer::Purge(tx)),
+            op @ (Op::Produce(..) | Op::Compact(..)) => return Err(op),
+        })
     }
+}
 
-    /// Purges the subscription `sub` on `partition`: every message the partition holds
-    /// now is settled for it, every lease ends; answers how many were unsettled.
-    ///
-    /// Errors: as [`Committer::lease_subscription`].
-    pub(crate) async fn purge_subscription(
-        self: &Arc<Self>,
-        topic: &Topic,
-        (name, sub): (&str, &SubscriptionRecord),
-        partition: u32,
-    ) -> BrokerResult<u64> {
-        let (tx, rx) = oneshot::channel();
-        self.enqueue_subscription(
-            topic,
-            (name, sub),
-            partition,
-            [(LedgerOp::Purge, Answer::Purge(tx))],
-        );
-        answer(rx).await
-    }
-
-    /// Whether the subscription `sub`'s ledger of `partition` has operations queued or a
-    /// batch running in this process (consumes arriving now would share its next commit).
-    pub(crate) fn ledger_busy(
-        &self,
-        topic: &Topic,
-        (name, sub): (&str, &SubscriptionRecord),
-        partition: u32,
-    ) -> bool {
-        self.ledger_queue(topic, (name, sub), partition)
-            .is_some_and(|q| lock(&q.state).busy())
-    }
-
+impl Ledgers {
     /// This process's queue of the subscription `sub`'s ledger of `partition`, if any.
-    fn ledger_queue(
+    fn queue(
         &self,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
         partition: u32,
     ) -> Option<Arc<LedgerQueue>> {
         let key = LedgerKey::new(topic, (name, sub), partition);
-        lock(&self.ledgers.queues).get(&key).cloned()
+        lock(&self.queues).get(&key).cloned()
     }
 
+    /// Whether the subscription `sub`'s ledger of `partition` has operations queued or a
+    /// batch running in this process (consumes arriving now would share its next commit).
+    pub(super) fn busy(
+        &self,
+        topic: &Topic,
+        (name, sub): (&str, &SubscriptionRecord),
+        partition: u32,
+    ) -> bool {
+        self.queue(topic, (name, sub), partition)
+            .is_some_and(|q| lock(&q.state).busy())
+    }
+}
+
+impl Committer {
     /// Queues `ops` on the subscription `sub`'s queue of `partition` (made on first use)
     /// under the subscription's rules ([`Committer::enqueue_on`]).
-    fn enqueue_subscription(
+    pub(super) fn enqueue_subscription(
         self: &Arc<Self>,
         topic: &Topic,
         (name, sub): (&str, &SubscriptionRecord),
         partition: u32,
-        ops: impl IntoIterator<Item = (LedgerOp, Answer)>,
+        ops: Vec<Op>,
     ) {
         let key = LedgerKey::new(topic, (name, sub), partition);
         let queue = lock(&self.ledgers.queues)
@@ -271,7 +224,16 @@ impl Committer {
             })
             .clone();
         let rules = Rules::from(&sub.settings.effective(&topic.settings));
-        self.enqueue_on(&queue, ops.into_iter().map(|(op, tx)| (op, rules, tx)));
+        let ops = ops.into_iter().filter_map(|op| match Answer::of(op) {
+            Ok((op, tx)) => Some((op, rules, tx)),
+            Err(op) => {
+                op.fail(BrokerError::Internal(
+                    "a ledger got a produce or a compaction".into(),
+                ));
+                None
+            }
+        });
+        self.enqueue_on(&queue, ops);
     }
 }
 
