@@ -36,6 +36,7 @@ mod objects;
 mod partition;
 mod payload;
 mod receipt;
+mod repair;
 mod runtime;
 mod segment;
 mod topic;

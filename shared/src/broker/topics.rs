@@ -314,7 +314,7 @@ impl Broker {
         name: &str,
         partition: Option<u32>,
         dry_run: bool,
-    ) -> BrokerResult<Vec<crate::commit::Repair>> {
+    ) -> BrokerResult<Vec<crate::repair::Repair>> {
         let topic = self.load_topic(name).await?;
         let parts: Vec<u32> = match partition {
             Some(p) => {

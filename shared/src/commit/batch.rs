@@ -18,7 +18,6 @@ use super::landing::{Landing, Progress};
 use super::listing::Listed;
 use super::ordering::{self, KEY_ROUNDS};
 use super::produces::{combinable, Produces};
-use super::repair::damaged;
 use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
@@ -32,6 +31,7 @@ use crate::partition::intent::{self, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
+use crate::repair::damaged;
 use crate::store::StoreError;
 
 /// A batch to commit, the callers to answer, and the topic record ETag its producers saw.

@@ -42,6 +42,7 @@ mod sweep;
 #[cfg(test)]
 mod tests;
 mod upkeep;
+mod wait;
 pub(crate) mod wake;
 mod write;
 
@@ -71,7 +72,6 @@ use crate::segment::SegmentCache;
 use crate::store::{DynStore, ETag};
 use crate::topic::{Group, Topic};
 
-pub(crate) use repair::Repair;
 pub(crate) use wake::Wakers;
 
 /// A segment older than this is never committed (garbage collection's grace period is
@@ -237,6 +237,43 @@ impl Queue {
     /// `version` answered callers (it, or a newer one, is stored).
     fn announce(&self, version: u64) {
         self.announced.fetch_max(version, AtomicOrdering::Release);
+    }
+}
+
+/// The objects the one engine commits: a partition's manifest, and subscriptions' ledgers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Object {
+    /// A partition's manifest: the log and the default subscription.
+    Manifest,
+    /// A named subscription's ledger of one partition.
+    Ledger,
+}
+
+impl Object {
+    /// Its name in logs and errors.
+    fn name(self) -> &'static str {
+        match self {
+            Object::Manifest => "manifest",
+            Object::Ledger => "ledger",
+        }
+    }
+}
+
+impl CommitStats {
+    /// Intents written on `o`.
+    fn intents(&self, o: Object) -> &AtomicU64 {
+        match o {
+            Object::Manifest => &self.intents,
+            Object::Ledger => &self.ledger_intents,
+        }
+    }
+
+    /// Intents on `o` that other processes' commits decided.
+    fn intents_by_others(&self, o: Object) -> &AtomicU64 {
+        match o {
+            Object::Manifest => &self.intents_by_others,
+            Object::Ledger => &self.ledger_intents_by_others,
+        }
     }
 }
 
@@ -721,6 +758,7 @@ fn batch_len(pending: &[Pending]) -> usize {
 }
 
 impl Drained for Queue {
+    const OBJECT: Object = Object::Manifest;
     type Op = Pending;
     type With = (Rules, ETag);
     type Held = Option<Snapshot<Manifest>>;

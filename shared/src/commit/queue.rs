@@ -22,6 +22,8 @@ use crate::dispatch::Kind;
 /// A queue the drain loop runs: what it queues, how a batch runs, what a batch leaves.
 pub(super) trait Drained: Send + Sync + Sized + 'static {
     /// One queued operation with the channel its caller waits on.
+    /// The object it commits.
+    const OBJECT: super::Object;
     type Op: Send + 'static;
     /// What sweeps commit under: the last batch's rules (and, for the manifest, the
     /// topic record's ETag).

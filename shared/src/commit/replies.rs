@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::combine::Own;
+use super::wait::Own;
 use super::{LeaseAnswer, Op, Pending, TopicSeen};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::batch::{self, Applied, Batch};

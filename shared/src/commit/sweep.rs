@@ -7,8 +7,9 @@
 use std::sync::atomic::Ordering;
 
 use super::batch::{Committed, Work};
-use super::combine::{Own, Ready};
+use super::combine::Ready;
 use super::replies::Replies;
+use super::wait::Own;
 use super::{Committer, Queue, TopicSeen};
 use crate::cas::Snapshot;
 use crate::partition::batch::Batch;

@@ -17,7 +17,6 @@
 //! whatever the state: once written, a process of a new topic of the same name could
 //! land it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -34,19 +33,6 @@ use crate::store::{ETag, Fetched, StoreError};
 use crate::topic::TopicRecord;
 
 impl Committer {
-    /// Writes an intent asking `ask` above `after` (what this process knows of
-    /// [`crate::partition::Manifest::ids_above`]): one PUT of an empty object, tried twice
-    /// when the answer is lost (a conflict on the second try is the first one landing).
-    pub(super) async fn write_intent(
-        &self,
-        q: &Queue,
-        after: &str,
-        ask: Ask,
-    ) -> BrokerResult<Intent> {
-        self.stats.intents.fetch_add(1, Ordering::Relaxed);
-        self.put_intent(&q.segments_prefix, after, ask).await
-    }
-
     /// Writes the intent asking `ask` under `prefix` (a partition's `segments/`, or a
     /// ledger's own), its id above `after`: an empty object, written once (a write whose
     /// answer was lost is sent again, and a conflict then says the first landed).

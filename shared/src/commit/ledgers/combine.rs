@@ -34,8 +34,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::super::batch::MAX_OWN_INTENTS;
-use super::super::combine::{fate, older_pending, poll_after, step, Holds, Own, Step, MAX_POLLS};
-use super::super::{lock, Committer};
+use super::super::listing::Listed;
+use super::super::wait::{fate, Fate, Holds, Own, Waited, Waits};
+use super::super::{lock, Committer, Object};
 use super::{Answer, Known, LedgerQueue};
 use crate::cas::Cell;
 use crate::error::{BrokerError, BrokerResult};
@@ -132,117 +133,46 @@ impl Committer {
         let own = futures::future::try_join_all(
             ops.iter()
                 .filter_map(|op| ask_of(*op))
-                .map(|ask| self.write_ledger_intent(q, &after, ask)),
+                .map(|ask| self.write_intent(q, &after, ask)),
         )
         .await?;
         self.wait_intents(q, own, known, started.elapsed()).await
     }
 
     /// Steps 2 and 3 of the module documentation for the intents `own`, written
-    /// `round_trip` ago, over the ledger in `known` (which it keeps as read). Also for
-    /// intents a takeover's own commit passed over (another commit moved past them
-    /// first): they are written again, and waited for as before.
+    /// `round_trip` ago, over the ledger in `known` (which it keeps as read)
+    /// ([`Committer::wait`]). Also for intents a takeover's own commit passed over
+    /// (another commit moved past them first): they are written again, and waited for as
+    /// before.
     ///
     /// Errors: as [`Committer::await_intents`].
     pub(super) async fn wait_intents(
         &self,
         q: &LedgerQueue,
-        mut own: Vec<Intent>,
+        own: Vec<Intent>,
         known: &mut Known,
-        mut round_trip: std::time::Duration,
+        round_trip: std::time::Duration,
     ) -> BrokerResult<Awaited> {
         let cell =
             Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
         let Some(snap) = known.ledger.as_mut() else {
             return Err(BrokerError::Internal("no ledger to wait on".into()));
         };
-        for round in 0..MAX_POLLS {
-            crate::runtime::sleep(poll_after(round_trip, round == 0, Holds::IntentsOnly)).await;
-            self.stats.polls.fetch_add(1, Ordering::Relaxed);
-            let unchanged = cell.refresh::<BrokerError>(snap).await?;
-            if !unchanged {
-                lock(&q.state).role.mark_contended(crate::runtime::now());
-            }
-            let statuses: Vec<Status> = own
-                .iter()
-                .map(|i| intent::status(&snap.value, &i.id))
-                .collect();
-            match step(fate(None, &statuses), unchanged) {
-                Step::Answer(_) => {
-                    self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
-                    let n = own.len() as u64;
-                    self.stats
-                        .ledger_intents_by_others
-                        .fetch_add(n, Ordering::Relaxed);
-                    return Ok(Awaited::Decided(own));
-                }
-                Step::GiveUp => {
-                    tracing::warn!(
-                        ledger = %q.ledger_key,
-                        version = snap.value.version,
-                        decided_floor = %snap.value.decided_floor,
-                        combined_through = %snap.value.combined_through,
-                        round,
-                        "an intent's fate can no longer be told: answered 503"
-                    );
-                    return Err(BrokerError::OutcomeUnknown(
-                        "an intent's record left the ledger before its writer read it".into(),
-                    ));
-                }
-                Step::Rewrite(_, dead) => {
-                    let started = crate::runtime::now();
-                    self.stats.rewritten.fetch_add(1, Ordering::Relaxed);
-                    let after = snap.value.ids_above().to_owned();
-                    for i in dead {
-                        own[i] = self.write_ledger_intent(q, &after, own[i].ask).await?;
-                    }
-                    round_trip = started.elapsed();
-                }
-                Step::Consider => {
-                    let through = &snap.value.combined_through;
-                    if let Some(listed) = self.may_take_over(q, through, &own).await {
-                        self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
-                        return Ok(Awaited::TakeOver { own, listed });
-                    }
-                }
-                Step::Wait => {}
-            }
-        }
+        let mut own = Own {
+            segment: None,
+            intents: own,
+        };
+        let listed = match self.wait(q, (&cell, snap), &mut own, round_trip).await? {
+            Waited::Decided(_) => return Ok(Awaited::Decided(own.intents)),
+            Waited::Corrupt => return Err(BrokerError::Corrupt(q.ledger_key.clone())),
+            Waited::TakeOver(Some(listed)) => listed,
+            Waited::TakeOver(None) => self.list_after(q, &snap.value.combined_through).await,
+        };
         self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
-        let listed = self.list_after(q, &snap.value.combined_through).await;
         Ok(Awaited::TakeOver {
-            own,
+            own: own.intents,
             listed: listed.intents,
         })
-    }
-
-    /// What a listing after `through` finds pending, unless another writer's intent older
-    /// than every one of `own` is among it (that writer takes over first).
-    async fn may_take_over(
-        &self,
-        q: &LedgerQueue,
-        through: &str,
-        own: &[Intent],
-    ) -> Option<Vec<Intent>> {
-        let listed = self.list_after(q, through).await;
-        let mine = Own {
-            segment: None,
-            intents: own.to_vec(),
-        };
-        (!older_pending(&listed, &mine, self.clock.now_ms())).then_some(listed.intents)
-    }
-
-    /// Writes one intent of the ledger asking `ask`, its id above `after`.
-    ///
-    /// Errors: the write's.
-    async fn write_ledger_intent(
-        &self,
-        q: &LedgerQueue,
-        after: &str,
-        ask: Ask,
-    ) -> BrokerResult<Intent> {
-        self.stats.ledger_intents.fetch_add(1, Ordering::Relaxed);
-        self.put_intent(&q.intents_prefix, after, ask).await
     }
 
     /// What the committer's next commit lands: the listing made beside its last commit
@@ -310,6 +240,46 @@ impl Committer {
                 None => tx.fail(BrokerError::Contention),
             }
         }
+    }
+}
+
+impl Waits for LedgerQueue {
+    type State = SubscriptionState;
+    const OBJECT: Object = Object::Ledger;
+
+    fn holds(&self) -> Holds {
+        Holds::IntentsOnly
+    }
+
+    fn contended(&self) {
+        lock(&self.state).role.mark_contended(crate::runtime::now());
+    }
+
+    async fn fate(&self, _: &Committer, state: &SubscriptionState, own: &Own) -> Fate {
+        let statuses: Vec<Status> = own
+            .intents
+            .iter()
+            .map(|i| intent::status(state, &i.id))
+            .collect();
+        fate(None, &statuses)
+    }
+
+    async fn rewrite(
+        &self,
+        c: &Committer,
+        own: &mut Own,
+        (_, dead): (bool, &[usize]),
+        state: &SubscriptionState,
+    ) -> BrokerResult<()> {
+        let after = state.ids_above();
+        for &i in dead {
+            own.intents[i] = c.write_intent(self, after, own.intents[i].ask).await?;
+        }
+        Ok(())
+    }
+
+    async fn list(&self, c: &Committer, state: &SubscriptionState, _: &Own) -> Listed {
+        c.list_after(self, &state.combined_through).await
     }
 }
 

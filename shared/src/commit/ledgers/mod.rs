@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use super::listing::Ahead;
 use super::queue::Place;
 use super::queue::{Drained, QueueState};
-use super::{lock, Committer, LeaseAnswer, Op};
+use super::{lock, Committer, LeaseAnswer, Object, Op};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::subscription::{LedgerOp, LedgerOutcome, Origin};
 use crate::partition::{Layout, Rules};
@@ -238,6 +238,7 @@ impl Committer {
 }
 
 impl Drained for LedgerQueue {
+    const OBJECT: Object = Object::Ledger;
     type Op = (LedgerOp, Rules, Answer);
     type With = Rules;
     type Held = Known;
