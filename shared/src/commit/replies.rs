@@ -11,11 +11,14 @@ use super::wait::Own;
 use super::{LeaseAnswer, Op, Pending, TopicSeen};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::batch::{self, Applied, Batch};
-use crate::partition::intent::{self, Answered, Intent};
+use crate::partition::intent::{self, Answered, Decides, Intent};
 use crate::partition::produce::Unplaced;
+use crate::partition::subscription::{LedgerOp, LedgerOutcome};
+use crate::partition::Lease;
 use crate::partition::{Layout, Manifest, Rules};
 use crate::settings::TopicSettings;
 use crate::store::ETag;
+use std::collections::BTreeMap;
 
 /// The callers of a batch, group by group in the batch's order.
 #[derive(Default)]
@@ -97,7 +100,9 @@ impl Replies {
                 }
             });
         }
-        answer_intents(self.settled, self.leased, &own.intents, state);
+        let layout = Arc::new(state.layout());
+        let callers = answers(self.settled, self.leased);
+        answer_intents(callers, &own.intents, (state, &state.leases), &layout);
     }
 
     /// Answers a combining batch this process committed: its produces from `applied`,
@@ -121,8 +126,13 @@ impl Replies {
             produced,
             ..Self::default()
         };
-        produces.answer(applied, refused, layout, true);
-        answer_intents(settled, leased, own, state);
+        produces.answer(applied, refused, layout.clone(), true);
+        answer_intents(
+            answers(settled, leased),
+            own,
+            (state, &state.leases),
+            &layout,
+        );
         // A combining batch holds neither; should one slip in, it is not left hanging.
         let e = BrokerError::Internal("not a combining operation".into());
         Self {
@@ -148,40 +158,96 @@ impl Replies {
     }
 }
 
-/// Answers settles and lease requests from the outcomes `state` records of their intents
-/// (`own`: the settles' first, in order, then the lease requests'). One whose outcome is
-/// not recorded gets 503 (the outcome unknown). A lease answers only the grants `state`
-/// still shows held by it.
-fn answer_intents(
+/// Answers the callers of intents `own` (one each, in order) from what `state`, whose
+/// leases are `leases`, records of them ([`intent::answered`]): leases with `layout`, as
+/// shared. One whose outcome is not recorded gets 503 (the outcome unknown).
+pub(super) fn answer_intents(
+    callers: impl IntoIterator<Item = Answer>,
+    own: &[Intent],
+    (state, leases): (&impl Decides, &BTreeMap<u64, Lease>),
+    layout: &Arc<Layout>,
+) {
+    for (k, tx) in callers.into_iter().enumerate() {
+        match own
+            .get(k)
+            .and_then(|i| intent::answered(state, leases, &i.id))
+        {
+            Some(Answered::Settled(r)) => tx.answer(LedgerOutcome::Settled(r), layout, true),
+            Some(Answered::Leased(l)) => tx.answer(LedgerOutcome::Leased(l), layout, true),
+            None => tx.fail(BrokerError::Contention),
+        }
+    }
+}
+
+pub(super) enum Answer {
+    Lease(oneshot::Sender<BrokerResult<LeaseAnswer>>),
+    Settle(oneshot::Sender<BrokerResult<()>>),
+    Purge(oneshot::Sender<BrokerResult<u64>>),
+}
+
+impl Answer {
+    /// Sends the caller what its operation got (leases with the layout they were granted
+    /// over; `shared` when they were granted through an intent).
+    pub(super) fn answer(self, out: LedgerOutcome, layout: &Arc<Layout>, shared: bool) {
+        match (self, out) {
+            (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
+                let layout = layout.clone();
+                drop(tx.send(Ok(LeaseAnswer {
+                    leased,
+                    layout,
+                    shared,
+                })));
+            }
+            (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
+                drop(tx.send(r.map_err(BrokerError::from)));
+            }
+            (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
+            (tx, _) => tx.fail(BrokerError::Internal(
+                "a ledger operation got another's outcome".into(),
+            )),
+        }
+    }
+
+    pub(super) fn fail(self, e: BrokerError) {
+        match self {
+            Answer::Lease(tx) => drop(tx.send(Err(e))),
+            Answer::Settle(tx) => drop(tx.send(Err(e))),
+            Answer::Purge(tx) => drop(tx.send(Err(e))),
+        }
+    }
+}
+
+impl Answer {
+    /// The ledger operation `op` asks for, and its caller; `Err` with the caller for an
+    /// operation no ledger takes (a produce, a compaction: they go to the partition's
+    /// queue).
+    pub(super) fn of(op: Op) -> Result<(LedgerOp, Answer), Op> {
+        Ok(match op {
+            Op::Lease(max, max_bytes, tx) => {
+                (LedgerOp::Lease { max, max_bytes }, Answer::Lease(tx))
+            }
+            Op::Settle(s, tx) => {
+                let op = LedgerOp::Settle {
+                    offset: s.offset,
+                    lease_id: s.lease_id,
+                    action: s.action,
+                };
+                (op, Answer::Settle(tx))
+            }
+            Op::Purge(tx) => (LedgerOp::Purge, Answer::Purge(tx)),
+            op @ (Op::Produce(..) | Op::Compact(..)) => return Err(op),
+        })
+    }
+}
+
+/// The callers of a combining batch's settles, then of its lease requests, in the order
+/// of its intents.
+fn answers(
     settled: Vec<oneshot::Sender<BrokerResult<()>>>,
     leased: Vec<oneshot::Sender<BrokerResult<LeaseAnswer>>>,
-    own: &[Intent],
-    state: &Manifest,
-) {
-    let answered = |k: usize| {
-        own.get(k)
-            .and_then(|i| intent::answered(state, &state.leases, &i.id))
-    };
-    let n = settled.len();
-    for (k, tx) in settled.into_iter().enumerate() {
-        let r = match answered(k) {
-            Some(Answered::Settled(r)) => r.map_err(BrokerError::from),
-            _ => Err(BrokerError::Contention),
-        };
-        let _ = tx.send(r);
-    }
-    let layout = Arc::new(state.layout());
-    for (k, tx) in leased.into_iter().enumerate() {
-        let r = match answered(n + k) {
-            Some(Answered::Leased(leased)) => Ok(LeaseAnswer {
-                leased,
-                layout: layout.clone(),
-                shared: true,
-            }),
-            _ => Err(BrokerError::Contention),
-        };
-        let _ = tx.send(r);
-    }
+) -> impl Iterator<Item = Answer> {
+    let settled = settled.into_iter().map(Answer::Settle);
+    settled.chain(leased.into_iter().map(Answer::Lease))
 }
 
 /// Splits queued operations into the pure batch and the callers to answer.

@@ -35,13 +35,14 @@ use std::sync::Arc;
 
 use super::super::batch::MAX_OWN_INTENTS;
 use super::super::listing::Listed;
+use super::super::replies::{answer_intents, Answer};
 use super::super::wait::{fate, Fate, Holds, Own, Waited, Waits};
 use super::super::{lock, Committer, Object};
-use super::{Answer, Known, LedgerQueue};
+use super::{Known, LedgerQueue};
 use crate::cas::Cell;
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::intent::{self, Answered, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
-use crate::partition::subscription::{LedgerOp, LedgerOutcome, SubscriptionState};
+use crate::partition::subscription::{LedgerOp, SubscriptionState};
 use crate::partition::{Manifest, Rules};
 
 /// How a batch that wrote intents goes on.
@@ -233,12 +234,10 @@ impl Committer {
                 .map(|(l, _)| l.value.layout())
                 .unwrap_or_default(),
         );
-        for ((_, _, tx), answer) in batch.into_iter().zip(answers) {
-            match answer {
-                Some(Answered::Settled(r)) => tx.answer(LedgerOutcome::Settled(r), &layout, true),
-                Some(Answered::Leased(l)) => tx.answer(LedgerOutcome::Leased(l), &layout, true),
-                None => tx.fail(BrokerError::Contention),
-            }
+        let callers = batch.into_iter().map(|(_, _, tx)| tx);
+        match &known.ledger {
+            Some(l) => answer_intents(callers, own, (&l.value, &l.value.leases), &layout),
+            None => callers.for_each(|tx| tx.fail(BrokerError::Contention)),
         }
     }
 }

@@ -23,15 +23,14 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::oneshot;
-
 use super::listing::Ahead;
 use super::queue::Place;
 use super::queue::{Drained, QueueState};
-use super::{lock, Committer, LeaseAnswer, Object, Op};
-use crate::error::{BrokerError, BrokerResult};
-use crate::partition::subscription::{LedgerOp, LedgerOutcome, Origin};
-use crate::partition::{Layout, Rules};
+use super::replies::Answer;
+use super::{lock, Committer, Object, Op};
+use crate::error::BrokerError;
+use crate::partition::subscription::{LedgerOp, Origin};
+use crate::partition::Rules;
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
 pub(crate) use known::Figures;
@@ -96,67 +95,6 @@ struct LedgerMore {
     quiet: Option<Quiet>,
     /// What the last batch that succeeded left, for `/metrics`.
     figures: Option<Figures>,
-}
-
-enum Answer {
-    Lease(oneshot::Sender<BrokerResult<LeaseAnswer>>),
-    Settle(oneshot::Sender<BrokerResult<()>>),
-    Purge(oneshot::Sender<BrokerResult<u64>>),
-}
-
-impl Answer {
-    /// Sends the caller what its operation got (leases with the layout they were granted
-    /// over; `shared` when they were granted through an intent).
-    fn answer(self, out: LedgerOutcome, layout: &Arc<Layout>, shared: bool) {
-        match (self, out) {
-            (Answer::Lease(tx), LedgerOutcome::Leased(leased)) => {
-                let layout = layout.clone();
-                drop(tx.send(Ok(LeaseAnswer {
-                    leased,
-                    layout,
-                    shared,
-                })));
-            }
-            (Answer::Settle(tx), LedgerOutcome::Settled(r)) => {
-                drop(tx.send(r.map_err(BrokerError::from)));
-            }
-            (Answer::Purge(tx), LedgerOutcome::Purged(n)) => drop(tx.send(Ok(n))),
-            (tx, _) => tx.fail(BrokerError::Internal(
-                "a ledger operation got another's outcome".into(),
-            )),
-        }
-    }
-
-    fn fail(self, e: BrokerError) {
-        match self {
-            Answer::Lease(tx) => drop(tx.send(Err(e))),
-            Answer::Settle(tx) => drop(tx.send(Err(e))),
-            Answer::Purge(tx) => drop(tx.send(Err(e))),
-        }
-    }
-}
-
-impl Answer {
-    /// The ledger operation `op` asks for, and its caller; `Err` with the caller for an
-    /// operation no ledger takes (a produce, a compaction: they go to the partition's
-    /// queue).
-    fn of(op: Op) -> Result<(LedgerOp, Answer), Op> {
-        Ok(match op {
-            Op::Lease(max, max_bytes, tx) => {
-                (LedgerOp::Lease { max, max_bytes }, Answer::Lease(tx))
-            }
-            Op::Settle(s, tx) => {
-                let op = LedgerOp::Settle {
-                    offset: s.offset,
-                    lease_id: s.lease_id,
-                    action: s.action,
-                };
-                (op, Answer::Settle(tx))
-            }
-            Op::Purge(tx) => (LedgerOp::Purge, Answer::Purge(tx)),
-            op @ (Op::Produce(..) | Op::Compact(..)) => return Err(op),
-        })
-    }
 }
 
 impl Ledgers {
