@@ -192,7 +192,7 @@ impl Broker {
     fn subscription_metrics(&self, visible: &impl Fn(&str) -> bool, out: &mut String) {
         let mut subs: std::collections::BTreeMap<(String, String), Figures> =
             std::collections::BTreeMap::new();
-        for s in self.committer.ledger_summaries() {
+        for s in self.committer.ledgers().summaries() {
             if !visible(&s.topic) {
                 continue;
             }

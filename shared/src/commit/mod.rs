@@ -410,6 +410,11 @@ impl Committer {
         Reader::new(&self.store, &self.caches.segments, &self.caches.indexes)
     }
 
+    /// The subscriptions' ledger queues of this process.
+    pub(crate) fn ledgers(&self) -> &ledgers::Ledgers {
+        &self.ledgers
+    }
+
     /// The wake-ups this committer sends after commits that make messages available.
     pub(crate) fn wakers(&self) -> &Wakers {
         &self.wakers

@@ -19,7 +19,7 @@ use crate::partition::intent::{self, Intent};
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, SubscriptionState};
 use crate::partition::{Layout, Rules};
 
-/// How a batch's operations reach the ledger ([`Committer::route`]).
+/// How a batch's operations reach the ledger ([`LedgerQueue::route`]).
 enum Routed {
     /// Other processes' commits decided every one of its intents (in batch order).
     Decided(Vec<Intent>),
@@ -37,7 +37,7 @@ struct Route {
     landing: Vec<Intent>,
 }
 
-/// What the ledger write of a routed batch came to ([`Committer::commit_routed`]).
+/// What the ledger write of a routed batch came to ([`LedgerQueue::commit_routed`]).
 enum Committed {
     /// The batch's operations applied as they are: their outcomes, in batch order.
     Direct(Vec<LedgerOutcome>, Arc<Layout>),
@@ -71,15 +71,15 @@ struct Did {
     direct: usize,
 }
 
-impl Committer {
+impl LedgerQueue {
     /// One batch (none: a sweep): apply every operation to the ledger in one write over
     /// the log as known (read again when [`needs_log`] says so), landing other processes'
     /// intents when this process is the committer, or write them as intents when the
     /// ledger is contended ([`combine`]); and answer each. Returns what the next batch may
     /// start from.
-    pub(super) async fn ledger_batch(
+    pub(super) async fn run_batch(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         (batch, rules): (Vec<(LedgerOp, Rules, Answer)>, Rules),
         mut known: Known,
     ) -> Known {
@@ -91,13 +91,13 @@ impl Committer {
                 tx.fail(e.clone());
             }
         };
-        if let Err(e) = self.know_for_batch(q, (&ops, &rules), &mut known).await {
+        if let Err(e) = self.know_for_batch(c, (&ops, &rules), &mut known).await {
             fail(batch, e);
             return known;
         }
-        let route = match self.route(q, (&ops, &rules), &mut known).await {
+        let route = match self.route(c, (&ops, &rules), &mut known).await {
             Ok(Routed::Decided(own)) => {
-                self.answer_intents(q, batch, &own, &mut known).await;
+                self.answer_intents(c, batch, &own, &mut known).await;
                 return known;
             }
             Ok(Routed::Commit(route)) => route,
@@ -107,17 +107,17 @@ impl Committer {
             }
         };
         if batch.is_empty() && route.landing.is_empty() {
-            lock(&q.state).role.swept(false, crate::runtime::now());
+            lock(&self.state).role.swept(false, crate::runtime::now());
             return known;
         }
-        let now = self.clock.now_ms();
+        let now = c.clock.now_ms();
         let (outcomes, layout) = match self
-            .commit_routed(q, (&ops, &rules, now), route, &mut known)
+            .commit_routed(c, (&ops, &rules, now), route, &mut known)
             .await
         {
             Committed::Direct(outcomes, layout) => (outcomes, layout),
             Committed::Intents(own) => {
-                self.answer_intents(q, batch, &own, &mut known).await;
+                self.answer_intents(c, batch, &own, &mut known).await;
                 return known;
             }
             Committed::Failed(e) => {
@@ -144,16 +144,14 @@ impl Committer {
     /// [`MAX_TAKEOVERS`] takeovers.
     async fn commit_routed(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         (ops, rules, now): (&[LedgerOp], &Rules, u64),
         mut route: Route,
         known: &mut Known,
     ) -> Committed {
         let mut takeovers = 1;
         loop {
-            let (done, layout) = self
-                .commit_ledger(q, (ops, rules, now), &route, known)
-                .await;
+            let (done, layout) = self.commit(c, (ops, rules, now), &route, known).await;
             let outcomes = match done {
                 Ok(outcomes) => outcomes,
                 Err(e) => return Committed::Failed(e),
@@ -165,7 +163,7 @@ impl Committer {
                 return Committed::Intents(own);
             }
             takeovers += 1;
-            match self.wait_intents(q, own, known, Duration::ZERO).await {
+            match self.wait_intents(c, own, known, Duration::ZERO).await {
                 Ok(Awaited::Decided(own)) => return Committed::Intents(own),
                 Ok(Awaited::TakeOver { own, mut listed }) => {
                     listed.extend(own.iter().cloned());
@@ -180,21 +178,21 @@ impl Committer {
     }
 
     /// What a batch must know before it is routed: the ledger on an ordered topic (its key
-    /// pass runs on a copy), and the log ([`Committer::know_log`]).
+    /// pass runs on a copy), and the log ([`LedgerQueue::know_log`]).
     ///
     /// Errors: the reads'.
     async fn know_for_batch(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         (ops, rules): (&[LedgerOp], &Rules),
         known: &mut Known,
     ) -> BrokerResult<()> {
         if rules.ordered && known.ledger.is_none() {
             let cell =
-                Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+                Cell::<SubscriptionState>::new(&*c.store, &*c.ids, &self.ledger_key, &self.origin);
             known.ledger = Some(cell.read::<BrokerError>().await?);
         }
-        if let Err(e) = self.know_log(q, ops, known).await {
+        if let Err(e) = self.know_log(c, ops, known).await {
             known.log = None;
             return Err(e);
         }
@@ -209,12 +207,12 @@ impl Committer {
     /// an intent's fate can no longer be told.
     async fn route(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         (ops, rules): (&[LedgerOp], &Rules),
         known: &mut Known,
     ) -> BrokerResult<Routed> {
-        if self.ledger_combines(q, ops, rules, known) {
-            return Ok(match self.await_intents(q, ops, known).await? {
+        if self.combines(c, ops, rules, known) {
+            return Ok(match self.await_intents(c, ops, known).await? {
                 Awaited::Decided(own) => Routed::Decided(own),
                 Awaited::TakeOver { own, mut listed } => {
                     listed.extend(own.iter().cloned());
@@ -225,9 +223,9 @@ impl Committer {
                 }
             });
         }
-        let landing = if !rules.ordered && lock(&q.state).role.is_committer() {
+        let landing = if !rules.ordered && lock(&self.state).role.is_committer() {
             let state = known.ledger.as_ref().map(|l| &l.value);
-            self.ledger_landing(q, state).await
+            self.landing(c, state).await
         } else {
             Vec::new()
         };
@@ -238,9 +236,9 @@ impl Committer {
     /// with the listing the role calls for beside it; records what it did in the role and
     /// the counters. Returns the outcomes of the operations applied as they are, and the
     /// layout of the log the write used.
-    async fn commit_ledger(
+    async fn commit(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         (ops, rules, now): (&[LedgerOp], &Rules, u64),
         route: &Route,
         known: &mut Known,
@@ -259,17 +257,17 @@ impl Committer {
         if rules.ordered {
             let layout = log_snap.value.layout();
             let log = &log_snap.value;
-            self.know_keys(q, (ops, rules, now), (log, &layout), known)
+            self.know_keys(c, (ops, rules, now), (log, &layout), known)
                 .await;
         }
         // Not on per-key ordered topics, nor before the fleet writes ledger intents.
-        let may = !rules.ordered && self.level.get().combines_ledgers();
-        let beside = self.beside(q, known.ledger.as_ref().map(|l| &l.value), (may, may));
+        let may = !rules.ordered && c.level.get().combines_ledgers();
+        let beside = c.beside(self, known.ledger.as_ref().map(|l| &l.value), (may, may));
         let mut known_log = (log_snap, read_at);
         let cell =
-            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+            Cell::<SubscriptionState>::new(&*c.store, &*c.ids, &self.ledger_key, &self.origin);
         let mut change = LedgerChange {
-            logs: Cell::new(&*self.store, &*self.ids, &q.manifest_key, &q.incarnation),
+            logs: Cell::new(&*c.store, &*c.ids, &self.manifest_key, &self.incarnation),
             log: &mut known_log,
             ops: direct,
             intents: &route.landing,
@@ -290,7 +288,7 @@ impl Committer {
         };
         let (done, looked) = futures::join!(
             cell.update_in(&mut known.ledger, &mut change),
-            self.list_beside(q, &beside)
+            c.list_beside(self, &beside)
         );
         let did = Did {
             attempts: change.attempts,
@@ -303,19 +301,19 @@ impl Committer {
         known.log = Some(known_log);
         let state = known.ledger.as_ref().map(|l| &l.value);
         if let Some(look) = looked {
-            self.looked(q, look, state);
+            c.looked(self, look, state);
         }
-        self.committed_ledger(q, route, did, done.is_ok());
+        self.committed(c, route, did, done.is_ok());
         (done.map_err(BrokerError::from), layout)
     }
 
     /// Records in the role and the counters what a commit of `route` did.
-    fn committed_ledger(&self, q: &LedgerQueue, route: &Route, did: Did, ok: bool) {
+    fn committed(&self, c: &Committer, route: &Route, did: Did, ok: bool) {
         let now = crate::runtime::now();
         let own = route.own.as_ref().map(Vec::len);
         let sweep = did.direct == 0 && own.is_none();
         {
-            let mut st = lock(&q.state);
+            let mut st = lock(&self.state);
             let a = Attempts {
                 tries: did.attempts,
                 confirmed: Confirmed::No,
@@ -333,11 +331,9 @@ impl Committer {
             }
         }
         if ok && did.wrote {
-            self.stats.ledger_commits.fetch_add(1, Ordering::Relaxed);
+            c.stats.ledger_commits.fetch_add(1, Ordering::Relaxed);
             let n = (did.direct + did.landed) as u64;
-            self.stats
-                .ledger_committed_ops
-                .fetch_add(n, Ordering::Relaxed);
+            c.stats.ledger_committed_ops.fetch_add(n, Ordering::Relaxed);
         }
     }
 }

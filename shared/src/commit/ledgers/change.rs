@@ -118,33 +118,37 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
     }
 }
 
-impl Committer {
+impl LedgerQueue {
     /// Makes `known.log` the newest log this process knows (this queue's, or the one its
     /// own commits left), read again when [`needs_log`] says the batch `ops` needs it.
     ///
     /// Errors: the read's.
     pub(super) async fn know_log(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         ops: &[LedgerOp],
         known: &mut Known,
     ) -> BrokerResult<()> {
         let have = known.log.as_ref().map(|(l, _)| l.value.version);
-        let at = (q.topic.as_str(), q.incarnation.as_str(), q.partition);
-        if let Some(own) = self.cached_manifest_newer(at, have) {
+        let at = (
+            self.topic.as_str(),
+            self.incarnation.as_str(),
+            self.partition,
+        );
+        if let Some(own) = c.cached_manifest_newer(at, have) {
             known.log = Some((own, crate::runtime::now()));
         }
         let stale = match &known.log {
             None => true,
             Some((l, at)) => {
                 let state = known.ledger.as_ref().map(|s| &s.value);
-                needs_log(ops, state, (&l.value, *at), self.clock.now_ms())
+                needs_log(ops, state, (&l.value, *at), c.clock.now_ms())
             }
         };
         if !stale {
             return Ok(());
         }
-        let logs = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.manifest_key, &q.incarnation);
+        let logs = Cell::<Manifest>::new(&*c.store, &*c.ids, &self.manifest_key, &self.incarnation);
         match known.log.as_mut() {
             Some((snap, at)) => {
                 logs.refresh::<BrokerError>(snap).await?;
@@ -161,7 +165,7 @@ impl Committer {
     /// still does not know is not leased this time: never out of order).
     pub(super) async fn know_keys(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         (ops, rules, now): (&[LedgerOp], &Rules, u64),
         (log, layout): (&Manifest, &Layout),
         known: &mut Known,
@@ -175,8 +179,8 @@ impl Committer {
             let Some(from) = wants else {
                 return;
             };
-            let at = (q.topic.as_str(), q.partition);
-            if !self.read_keys(at, layout, from, &mut known.keys).await {
+            let at = (self.topic.as_str(), self.partition);
+            if !c.read_keys(at, layout, from, &mut known.keys).await {
                 return;
             }
         }

@@ -79,13 +79,13 @@ pub(super) fn ask_of(op: LedgerOp) -> Option<Ask> {
     }
 }
 
-impl Committer {
+impl LedgerQueue {
     /// Whether the batch `ops` writes intents (step 1 of the module documentation): the
     /// fleet writes them, the ledger is contended here and this process is not its
     /// committer, and the ledger and log as known do not refuse any of them.
-    pub(super) fn ledger_combines(
+    pub(super) fn combines(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         ops: &[LedgerOp],
         rules: &Rules,
         known: &mut Known,
@@ -93,12 +93,12 @@ impl Committer {
         if ops.is_empty()
             || ops.len() > MAX_OWN_INTENTS
             || rules.ordered
-            || !self.level.get().combines_ledgers()
+            || !c.level.get().combines_ledgers()
         {
             return false;
         }
         {
-            let st = lock(&q.state);
+            let st = lock(&self.state);
             if !st.role.contended(crate::runtime::now()) || st.role.is_committer() {
                 return false;
             }
@@ -109,7 +109,7 @@ impl Committer {
         if ledger.etag.is_none() {
             return false;
         }
-        let now = self.clock.now_ms();
+        let now = c.clock.now_ms();
         let view = ledger.value.over(&log.value);
         ops.iter()
             .all(|op| ask_of(*op).is_some_and(|a| intent::worth_writing(&view, now, rules, a)))
@@ -122,7 +122,7 @@ impl Committer {
     /// [`BrokerError::OutcomeUnknown`] when the fate of an intent can no longer be told.
     pub(super) async fn await_intents(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         ops: &[LedgerOp],
         known: &mut Known,
     ) -> BrokerResult<Awaited> {
@@ -134,10 +134,10 @@ impl Committer {
         let own = futures::future::try_join_all(
             ops.iter()
                 .filter_map(|op| ask_of(*op))
-                .map(|ask| self.write_intent(q, &after, ask)),
+                .map(|ask| c.write_intent(self, &after, ask)),
         )
         .await?;
-        self.wait_intents(q, own, known, started.elapsed()).await
+        self.wait_intents(c, own, known, started.elapsed()).await
     }
 
     /// Steps 2 and 3 of the module documentation for the intents `own`, written
@@ -146,16 +146,16 @@ impl Committer {
     /// (another commit moved past them first): they are written again, and waited for as
     /// before.
     ///
-    /// Errors: as [`Committer::await_intents`].
+    /// Errors: as [`LedgerQueue::await_intents`].
     pub(super) async fn wait_intents(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         own: Vec<Intent>,
         known: &mut Known,
         round_trip: std::time::Duration,
     ) -> BrokerResult<Awaited> {
         let cell =
-            Cell::<SubscriptionState>::new(&*self.store, &*self.ids, &q.ledger_key, &q.origin);
+            Cell::<SubscriptionState>::new(&*c.store, &*c.ids, &self.ledger_key, &self.origin);
         let Some(snap) = known.ledger.as_mut() else {
             return Err(BrokerError::Internal("no ledger to wait on".into()));
         };
@@ -163,13 +163,13 @@ impl Committer {
             segment: None,
             intents: own,
         };
-        let listed = match self.wait(q, (&cell, snap), &mut own, round_trip).await? {
+        let listed = match c.wait(self, (&cell, snap), &mut own, round_trip).await? {
             Waited::Decided(_) => return Ok(Awaited::Decided(own.intents)),
-            Waited::Corrupt => return Err(BrokerError::Corrupt(q.ledger_key.clone())),
+            Waited::Corrupt => return Err(BrokerError::Corrupt(self.ledger_key.clone())),
             Waited::TakeOver(Some(listed)) => listed,
-            Waited::TakeOver(None) => self.list_after(q, &snap.value.combined_through).await,
+            Waited::TakeOver(None) => c.list_after(self, &snap.value.combined_through).await,
         };
-        self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+        c.stats.takeovers.fetch_add(1, Ordering::Relaxed);
         Ok(Awaited::TakeOver {
             own: own.intents,
             listed: listed.intents,
@@ -179,16 +179,16 @@ impl Committer {
     /// What the committer's next commit lands: the listing made beside its last commit
     /// when it is younger than [`super::super::listing::AHEAD_FOR`], else a listing made
     /// now.
-    pub(super) async fn ledger_landing(
+    pub(super) async fn landing(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         state: Option<&SubscriptionState>,
     ) -> Vec<Intent> {
-        if let Some(listed) = state.and_then(|s| self.take_ahead(q, s)) {
+        if let Some(listed) = state.and_then(|s| c.take_ahead(self, s)) {
             return listed.intents;
         }
         let after = state.map_or("", |s| s.combined_through.as_str());
-        self.list_after(q, after).await.intents
+        c.list_after(self, after).await.intents
     }
 
     /// Answers a batch whose operations went as intents `own` (in batch order) from the
@@ -198,7 +198,7 @@ impl Committer {
     /// record gets 503, the outcome unknown.
     pub(super) async fn answer_intents(
         &self,
-        q: &LedgerQueue,
+        c: &Committer,
         batch: Vec<(LedgerOp, Rules, Answer)>,
         own: &[Intent],
         known: &mut Known,
@@ -217,10 +217,10 @@ impl Committer {
         if beyond {
             if let Some((log, at)) = known.log.as_mut() {
                 let logs = Cell::<Manifest>::new(
-                    &*self.store,
-                    &*self.ids,
-                    &q.manifest_key,
-                    &q.incarnation,
+                    &*c.store,
+                    &*c.ids,
+                    &self.manifest_key,
+                    &self.incarnation,
                 );
                 if logs.refresh::<BrokerError>(log).await.is_ok() {
                     *at = crate::runtime::now();

@@ -1,6 +1,6 @@
 //! What a ledger's queue knows between batches, and what it tells without a storage
 //! request: whether a waiting consume may skip the partition ([`Ledgers::peek`])
-//! and the figures `/metrics` shows ([`Committer::ledger_summaries`]).
+//! and the figures `/metrics` shows ([`Ledgers::summaries`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use crate::runtime::Instant;
 
 use super::{LedgerKey, LedgerQueue, Ledgers};
 use crate::cas::Snapshot;
-use crate::commit::{lock, Committer, Peek};
+use crate::commit::{lock, Peek};
 use crate::partition::lease::{self, Keys};
 use crate::partition::subscription::SubscriptionState;
 use crate::partition::{Manifest, Rules};
@@ -28,7 +28,7 @@ pub(super) const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
 /// renewing ([`Ledgers::peek`]).
 const RENEWING_LOOK: Duration = Duration::from_millis(50);
 
-/// One subscription's partition as a batch left it ([`Committer::ledger_summaries`]).
+/// One subscription's partition as a batch left it ([`Ledgers::summaries`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Figures {
     /// Unsettled messages with no live lease and no delay.
@@ -154,12 +154,12 @@ impl Ledgers {
     }
 }
 
-impl Committer {
+impl Ledgers {
     /// What this process's ledger queues last saw of every subscription's partitions,
     /// newest topic incarnation and subscription id of each name only; no storage
     /// request.
-    pub(crate) fn ledger_summaries(&self) -> Vec<LedgerSummary> {
-        let queues: Vec<(LedgerKey, Arc<LedgerQueue>)> = lock(&self.ledgers.queues)
+    pub(crate) fn summaries(&self) -> Vec<LedgerSummary> {
+        let queues: Vec<(LedgerKey, Arc<LedgerQueue>)> = lock(&self.queues)
             .iter()
             .map(|(k, q)| (k.clone(), q.clone()))
             .collect();

@@ -47,7 +47,7 @@ fn batch_rules(batch: &[(LedgerOp, Rules, Answer)]) -> Rules {
 
 /// The ledgers' queues of one process.
 #[derive(Default)]
-pub(super) struct Ledgers {
+pub(crate) struct Ledgers {
     queues: Mutex<HashMap<LedgerKey, Arc<LedgerQueue>>>,
 }
 
@@ -210,7 +210,7 @@ impl Drained for LedgerQueue {
         if batch.is_empty() {
             c.stats.sweeps.fetch_add(1, Ordering::Relaxed);
         }
-        c.ledger_batch(q, (batch, rules), known).await
+        q.run_batch(c, (batch, rules), known).await
     }
 
     fn keep(st: &mut QueueState<Self>, known: Known) {
