@@ -134,19 +134,19 @@ impl Broker {
         let mut topics: std::collections::BTreeMap<String, TopicFigures> =
             std::collections::BTreeMap::new();
         for s in self.committer.summaries() {
-            if !visible(&s.topic) {
+            if !visible(&s.topic) || s.subscription.is_some() {
                 continue;
             }
-            let age = s.frontier_segment.as_ref().and_then(|seg| {
+            let age = s.frontier.as_ref().and_then(|(frontier, seg)| {
                 let key = crate::keys::segment(&s.topic, s.partition, &seg.id);
                 let cached = self.segments.get(&key)?;
-                let i = usize::try_from(s.frontier.checked_sub(seg.base_offset)?).ok()?;
+                let i = usize::try_from(frontier.checked_sub(seg.base_offset)?).ok()?;
                 Some(now.saturating_sub(cached.messages.get(i)?.produced_at_ms))
             });
             let e = topics.entry(s.topic).or_insert((0, 0, 0, None));
-            e.0 += s.available;
-            e.1 += s.in_flight;
-            e.2 += s.delayed;
+            e.0 += s.figures.available;
+            e.1 += s.figures.in_flight;
+            e.2 += s.figures.delayed;
             e.3 = e.3.max(age);
         }
         let mut out = String::new();
@@ -192,11 +192,11 @@ impl Broker {
     fn subscription_metrics(&self, visible: &impl Fn(&str) -> bool, out: &mut String) {
         let mut subs: std::collections::BTreeMap<(String, String), Figures> =
             std::collections::BTreeMap::new();
-        for s in self.committer.ledgers().summaries() {
-            if !visible(&s.topic) {
+        for s in self.committer.summaries() {
+            let Some(sub) = s.subscription.filter(|_| visible(&s.topic)) else {
                 continue;
-            }
-            let e = subs.entry((s.topic, s.subscription)).or_default();
+            };
+            let e = subs.entry((s.topic, sub)).or_default();
             e.available += s.figures.available;
             e.in_flight += s.figures.in_flight;
             e.delayed += s.figures.delayed;

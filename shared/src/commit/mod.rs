@@ -27,7 +27,7 @@ mod chore;
 mod combine;
 mod landing;
 mod ledgers;
-pub(crate) use ledgers::Figures;
+pub(crate) use summary::Figures;
 mod listing;
 mod ordering;
 mod produces;
@@ -38,6 +38,7 @@ pub(crate) use refresh::Refreshed;
 mod repair;
 mod replies;
 mod role;
+mod summary;
 mod sweep;
 #[cfg(test)]
 mod tests;
@@ -116,26 +117,6 @@ impl Caches {
             chunks: Arc::new(Cache::new(bytes / 4)),
         }
     }
-}
-
-/// One partition as the snapshot this process holds shows it ([`Committer::summaries`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Summary {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: u32,
-    /// Unsettled messages with no live lease.
-    pub available: u64,
-    /// Live leases.
-    pub in_flight: u64,
-    /// Messages not due yet (delayed produces).
-    pub delayed: u64,
-    /// Lowest unsettled offset.
-    pub frontier: u64,
-    /// The hot segment holding the frontier message, when there is one and the manifest
-    /// names it directly.
-    pub frontier_segment: Option<SegmentRef>,
 }
 
 /// A partition as [`Committer::peek`] sees it.
@@ -410,11 +391,6 @@ impl Committer {
         Reader::new(&self.store, &self.caches.segments, &self.caches.indexes)
     }
 
-    /// The subscriptions' ledger queues of this process.
-    pub(crate) fn ledgers(&self) -> &ledgers::Ledgers {
-        &self.ledgers
-    }
-
     /// The wake-ups this committer sends after commits that make messages available.
     pub(crate) fn wakers(&self) -> &Wakers {
         &self.wakers
@@ -652,44 +628,6 @@ impl Committer {
         let (tx, rx) = oneshot::channel();
         self.submit((topic, group), partition, vec![Op::Purge(tx)]);
         answer(rx).await
-    }
-
-    /// What this process's cached snapshots show of every partition it has committed to
-    /// or read, newest incarnation of each topic only; no storage request. A snapshot is as
-    /// old as this process's last commit or read of that partition.
-    pub(crate) fn summaries(&self) -> Vec<Summary> {
-        let now = self.clock.now_ms();
-        let queues: Vec<Arc<Queue>> = lock(&self.queues).values().cloned().collect();
-        let mut newest: HashMap<String, String> = HashMap::new();
-        for q in &queues {
-            let e = newest.entry(q.topic.clone()).or_default();
-            if q.incarnation > *e {
-                e.clone_from(&q.incarnation);
-            }
-        }
-        let mut out = Vec::new();
-        for q in queues {
-            if newest.get(&q.topic) != Some(&q.incarnation) {
-                continue;
-            }
-            let st = lock(&q.state);
-            let Some(snap) = &st.held else { continue };
-            let m = &snap.value;
-            let unsettled = m.next_offset - m.frontier;
-            out.push(Summary {
-                topic: q.topic.clone(),
-                partition: q.partition,
-                available: m.available_count(now),
-                in_flight: m.in_flight(now) as u64,
-                delayed: m.delayed_count(now),
-                frontier: m.frontier,
-                frontier_segment: (unsettled > 0)
-                    .then(|| m.hot_segment_of(m.frontier).cloned())
-                    .flatten(),
-            });
-        }
-        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-        out
     }
 
     /// Queues `ops` on the partition's queue, one after another with nothing between

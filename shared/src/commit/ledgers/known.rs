@@ -1,15 +1,14 @@
 //! What a ledger's queue knows between batches, and what it tells without a storage
 //! request: whether a waiting consume may skip the partition ([`Ledgers::peek`])
-//! and the figures `/metrics` shows ([`Ledgers::summaries`]).
+//! and the figures `/metrics` shows ([`crate::commit::Committer::summaries`]).
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::runtime::Instant;
 
-use super::{LedgerKey, LedgerQueue, Ledgers};
+use super::Ledgers;
 use crate::cas::Snapshot;
+use crate::commit::summary::{Figures, Seen, Summary};
 use crate::commit::{lock, Peek};
 use crate::partition::lease::{self, Keys};
 use crate::partition::subscription::SubscriptionState;
@@ -27,32 +26,6 @@ pub(super) const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
 /// How soon a waiting consume looks again at a partition whose knowledge a batch is
 /// renewing ([`Ledgers::peek`]).
 const RENEWING_LOOK: Duration = Duration::from_millis(50);
-
-/// One subscription's partition as a batch left it ([`Ledgers::summaries`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Figures {
-    /// Unsettled messages with no live lease and no delay.
-    pub available: u64,
-    /// Live leases.
-    pub in_flight: u64,
-    /// Unsettled messages not due yet.
-    pub delayed: u64,
-    /// Messages retention or a topic purge removed before this subscription settled them.
-    pub lost: u64,
-}
-
-/// What this process last saw of one subscription's partition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LedgerSummary {
-    /// Topic.
-    pub topic: String,
-    /// Subscription name.
-    pub subscription: String,
-    /// Partition.
-    pub partition: u32,
-    /// As of this process's last commit or read of the ledger.
-    pub figures: Figures,
-}
 
 /// What a queue knows between batches.
 #[derive(Default)]
@@ -85,7 +58,6 @@ pub(super) struct Quiet {
 /// of the ledger: a batch leaves it caught up with the log it used (`apply` catches up
 /// first, and a batch that kept the ledger as it was found nothing to catch up).
 pub(super) fn note_batch(known: &mut Known, drained: bool, rules: &Rules, now: u64) {
-    use crate::partition::Ledger;
     let Known {
         log: Some((log, _)),
         ledger: Some(ledger),
@@ -99,12 +71,7 @@ pub(super) fn note_batch(known: &mut Known, drained: bool, rules: &Rules, now: u
     };
     let lost = ledger.value.lost;
     let view = ledger.value.over(&log.value);
-    *figures = Some(Figures {
-        available: view.available_count(now),
-        in_flight: view.in_flight(now) as u64,
-        delayed: view.delayed_count(now),
-        lost,
-    });
+    *figures = Some(Figures::of(&view, now, lost));
     if drained {
         *quiet = Some(Quiet {
             log: log.etag.clone(),
@@ -155,42 +122,22 @@ impl Ledgers {
 }
 
 impl Ledgers {
-    /// What this process's ledger queues last saw of every subscription's partitions,
-    /// newest topic incarnation and subscription id of each name only; no storage
-    /// request.
-    pub(crate) fn summaries(&self) -> Vec<LedgerSummary> {
-        let queues: Vec<(LedgerKey, Arc<LedgerQueue>)> = lock(&self.queues)
+    /// Every ledger queue of this process as [`crate::commit::Committer::summaries`] counts it: the
+    /// figures its last batch that succeeded left.
+    pub(in crate::commit) fn seen(&self) -> Vec<Seen> {
+        lock(&self.queues)
             .iter()
-            .map(|(k, q)| (k.clone(), q.clone()))
-            .collect();
-        let mut newest: HashMap<(&str, &str), (&str, &str)> = HashMap::new();
-        for (k, _) in &queues {
-            let e = newest
-                .entry((&k.topic, &k.subscription))
-                .or_insert((&k.incarnation, &k.id));
-            if (k.incarnation.as_str(), k.id.as_str()) > *e {
-                *e = (&k.incarnation, &k.id);
-            }
-        }
-        let mut out: Vec<LedgerSummary> = queues
-            .iter()
-            .filter(|(k, _)| {
-                newest.get(&(k.topic.as_str(), k.subscription.as_str()))
-                    == Some(&(k.incarnation.as_str(), k.id.as_str()))
-            })
-            .filter_map(|(k, q)| {
-                let figures = lock(&q.state).more.figures?;
-                Some(LedgerSummary {
+            .map(|(k, q)| Seen {
+                group: (k.topic.clone(), Some(k.subscription.clone())),
+                version: (k.incarnation.clone(), k.id.clone()),
+                summary: lock(&q.state).more.figures.map(|figures| Summary {
                     topic: k.topic.clone(),
-                    subscription: k.subscription.clone(),
+                    subscription: Some(k.subscription.clone()),
                     partition: k.partition,
                     figures,
-                })
+                    frontier: None,
+                }),
             })
-            .collect();
-        out.sort_by(|a, b| {
-            (&a.topic, &a.subscription, a.partition).cmp(&(&b.topic, &b.subscription, b.partition))
-        });
-        out
+            .collect()
     }
 }

@@ -33,7 +33,6 @@ use crate::partition::subscription::{LedgerOp, Origin};
 use crate::partition::Rules;
 use crate::subscription::SubscriptionRecord;
 use crate::topic::Topic;
-pub(crate) use known::Figures;
 use known::{Known, Quiet};
 
 /// One rule set per batch: the newest operation's (they differ only across a settings
@@ -47,7 +46,7 @@ fn batch_rules(batch: &[(LedgerOp, Rules, Answer)]) -> Rules {
 
 /// The ledgers' queues of one process.
 #[derive(Default)]
-pub(crate) struct Ledgers {
+pub(super) struct Ledgers {
     queues: Mutex<HashMap<LedgerKey, Arc<LedgerQueue>>>,
 }
 
@@ -94,7 +93,7 @@ struct LedgerMore {
     /// A copy of `known.quiet`.
     quiet: Option<Quiet>,
     /// What the last batch that succeeded left, for `/metrics`.
-    figures: Option<Figures>,
+    figures: Option<super::summary::Figures>,
 }
 
 impl Ledgers {
