@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
 use super::listing::Listed;
-use super::ordering::{self, KEY_ROUNDS};
+use super::ordering;
 use super::produces::{combinable, Produces};
 use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
@@ -188,6 +188,11 @@ impl<'a> BatchCommit<'a> {
 
     /// What this attempt writes, with its produces planned as `plan`.
     fn written<'s>(&'s self, plan: &'s Plan) -> Written<'s> {
+        self.written_with(plan, &self.keys)
+    }
+
+    /// [`BatchCommit::written`] with the message keys `keys`.
+    fn written_with<'s>(&'s self, plan: &'s Plan, keys: &'s Keys) -> Written<'s> {
         Written {
             plan,
             segment: self.produces.segment(),
@@ -195,7 +200,7 @@ impl<'a> BatchCommit<'a> {
             foreign: self.landing.foreign(),
             intents: self.landing.intents(),
             upkeep: &self.upkeeper.upkeep,
-            keys: &self.keys,
+            keys,
         }
     }
 
@@ -209,29 +214,24 @@ impl<'a> BatchCommit<'a> {
     }
 
     /// Per-key ordering: runs this attempt's batch on a copy of `state` and reads the keys
-    /// its leases stopped at, until they stop nowhere or [`KEY_ROUNDS`] are spent.
+    /// its leases stopped at ([`Committer::read_keys_for`]).
     async fn read_keys(&mut self, state: &Manifest) {
         let layout = state.layout();
-        for _ in 0..KEY_ROUNDS {
-            let Some(plan) = self.produces.plan() else {
-                return;
-            };
-            let written = self.written(plan);
+        let mut keys = std::mem::take(&mut self.keys);
+        let me = &*self;
+        let wants = |keys: &Keys| {
+            let plan = me.produces.plan()?;
             let mut probe = state.clone();
-            let wants = match batch::apply(&mut probe, self.now, &self.batch, written) {
+            let written = me.written_with(plan, keys);
+            match batch::apply(&mut probe, me.now, &me.batch, written) {
                 Decision::Commit(a) | Decision::Keep(a) => a.wants_key,
-            };
-            let Some(from) = wants else { return };
-            let read = self.committer.read_keys(
-                (&self.q.topic, self.q.partition),
-                &layout,
-                from,
-                &mut self.keys,
-            );
-            if !read.await {
-                return;
             }
-        }
+        };
+        let at = (me.q.topic.as_str(), me.q.partition);
+        me.committer
+            .read_keys_for(at, &layout, &mut keys, wants)
+            .await;
+        self.keys = keys;
     }
 }
 

@@ -22,10 +22,29 @@ pub(super) const KEY_READ_SEGMENTS: usize = 16;
 pub(super) const KEY_ROUNDS: usize = 8;
 
 impl Committer {
+    /// Per-key ordering for one batch attempt: runs `wants` (the pure batch on a copy of
+    /// the state, given the keys known: the offset its lease pass stopped at for want of
+    /// a key) and reads what it asks for into `keys`, until it stops nowhere or
+    /// [`KEY_ROUNDS`] are spent. The manifest's batches and a ledger's use it alike.
+    pub(super) async fn read_keys_for(
+        &self,
+        at: (&str, u32),
+        layout: &Layout,
+        keys: &mut Keys,
+        mut wants: impl FnMut(&Keys) -> Option<u64>,
+    ) {
+        for _ in 0..KEY_ROUNDS {
+            let Some(from) = wants(keys) else { return };
+            if !self.read_keys(at, layout, from, keys).await {
+                return;
+            }
+        }
+    }
+
     /// Adds to `keys` the key hashes of the segment holding `from` per `layout` and of up
     /// to [`KEY_READ_SEGMENTS`] - 1 segments after it. False when nothing could be added
     /// (the offset is not retained, a read failed, or `keys` is as large as a pass needs).
-    pub(super) async fn read_keys(
+    async fn read_keys(
         &self,
         (topic, partition): (&str, u32),
         layout: &Layout,

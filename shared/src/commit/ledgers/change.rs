@@ -161,8 +161,8 @@ impl LedgerQueue {
 
     /// On a per-key ordered topic: reads into `known.keys` the message keys the lease
     /// pass of `ops` over `log` needs, running the pure batch on a copy of the ledger and
-    /// reading what it stopped at, up to [`crate::commit::ordering::KEY_ROUNDS`] times (what it
-    /// still does not know is not leased this time: never out of order).
+    /// reading what it stopped at ([`Committer::read_keys_for`]); what it still does not
+    /// know is not leased this time (never out of order).
     pub(super) async fn know_keys(
         &self,
         c: &Committer,
@@ -173,17 +173,12 @@ impl LedgerQueue {
         let Some(state) = &known.ledger else {
             return;
         };
-        for _ in 0..crate::commit::ordering::KEY_ROUNDS {
+        let wants = |keys: &Keys| {
             let mut copy = state.value.clone();
-            let (_, wants) = subscription::apply(&mut copy, log, now, rules, (ops, &known.keys));
-            let Some(from) = wants else {
-                return;
-            };
-            let at = (self.topic.as_str(), self.partition);
-            if !c.read_keys(at, layout, from, &mut known.keys).await {
-                return;
-            }
-        }
+            subscription::apply(&mut copy, log, now, rules, (ops, keys)).1
+        };
+        let at = (self.topic.as_str(), self.partition);
+        c.read_keys_for(at, layout, &mut known.keys, wants).await;
     }
 }
 
