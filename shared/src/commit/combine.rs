@@ -39,13 +39,14 @@
 use std::sync::atomic::Ordering;
 
 use super::listing::Listed;
-use super::wait::{fate, Fate, Holds, Own, Waited, Waits};
+use super::wait::{Holds, Own, Waited, Waits};
 use super::{lock, Committer, Object, Queue, TopicSeen};
 use crate::cas::{Cell, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::Batch;
-use crate::partition::intent::{self, Ask, Decides, Status as IntentStatus};
+use crate::partition::combine::Status;
+use crate::partition::intent::{Ask, Decides};
 use crate::partition::produce::Plan;
 use crate::partition::{Manifest, SegmentRef};
 
@@ -230,17 +231,11 @@ impl Waits for PartitionWait<'_> {
             .mark_contended(crate::runtime::now());
     }
 
-    async fn fate(&self, c: &Committer, state: &Manifest, own: &Own) -> Fate {
-        let segment = match &own.segment {
+    async fn segment(&self, c: &Committer, state: &Manifest, own: &Own) -> Option<Status> {
+        match &own.segment {
             Some((seg, _)) => Some(c.segment_status(self.q, state, seg).await),
             None => None,
-        };
-        let intents: Vec<IntentStatus> = own
-            .intents
-            .iter()
-            .map(|i| intent::status(state, &i.id))
-            .collect();
-        fate(segment, &intents)
+        }
     }
 
     async fn rewrite(

@@ -15,7 +15,7 @@ use crate::cas::{Cell, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::batch::Batch;
 use crate::partition::combine::Status;
-use crate::partition::intent::{Ask, Decides, Intent, Status as IntentStatus};
+use crate::partition::intent::{self, Ask, Decides, Intent, Status as IntentStatus};
 use crate::partition::produce::Plan;
 use crate::partition::SegmentRef;
 
@@ -104,7 +104,13 @@ impl Committer {
             if !unchanged {
                 w.contended();
             }
-            match step(w.fate(self, &snap.value, own).await, unchanged) {
+            let segment = w.segment(self, &snap.value, own).await;
+            let intents: Vec<IntentStatus> = own
+                .intents
+                .iter()
+                .map(|i| intent::status(&snap.value, &i.id))
+                .collect();
+            match step(fate(segment, &intents), unchanged) {
                 Step::Answer(base) => {
                     self.stats.landed_by_others.fetch_add(1, Ordering::Relaxed);
                     let n = own.intents.len() as u64;
@@ -176,13 +182,14 @@ pub(super) trait Waits: Sync {
     fn holds(&self) -> Holds;
     /// Records that the object changed while the batch waited.
     fn contended(&self);
-    /// Where the batch's own writes stand in `state`.
-    fn fate(
+    /// Where the batch's own segment stands in `state` (`None`: it has none; a ledger
+    /// lands no segments).
+    fn segment(
         &self,
         c: &Committer,
         state: &Self::State,
         own: &Own,
-    ) -> impl Future<Output = Fate> + Send;
+    ) -> impl Future<Output = Option<Status>> + Send;
     /// Writes again what `state` passed over (the segment when `dead.0`, and the intents
     /// at `dead.1`), above its ids.
     fn rewrite(

@@ -36,12 +36,12 @@ use std::sync::Arc;
 use super::super::batch::MAX_OWN_INTENTS;
 use super::super::listing::Listed;
 use super::super::replies::{answer_intents, Answer};
-use super::super::wait::{fate, Fate, Holds, Own, Waited, Waits};
+use super::super::wait::{Holds, Own, Waited, Waits};
 use super::super::{lock, Committer, Object};
 use super::{Known, LedgerQueue};
 use crate::cas::Cell;
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::intent::{self, Answered, Ask, Decides, Intent, Status, MAX_LEASE_ASK};
+use crate::partition::intent::{self, Answered, Ask, Decides, Intent, MAX_LEASE_ASK};
 use crate::partition::subscription::{LedgerOp, SubscriptionState};
 use crate::partition::{Manifest, Rules};
 
@@ -254,13 +254,13 @@ impl Waits for LedgerQueue {
         lock(&self.state).role.mark_contended(crate::runtime::now());
     }
 
-    async fn fate(&self, _: &Committer, state: &SubscriptionState, own: &Own) -> Fate {
-        let statuses: Vec<Status> = own
-            .intents
-            .iter()
-            .map(|i| intent::status(state, &i.id))
-            .collect();
-        fate(None, &statuses)
+    async fn segment(
+        &self,
+        _: &Committer,
+        _: &SubscriptionState,
+        _: &Own,
+    ) -> Option<crate::partition::combine::Status> {
+        None
     }
 
     async fn rewrite(
