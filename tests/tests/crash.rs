@@ -48,6 +48,8 @@ const SUB_CONSUMERS: usize = 2;
 const GROUPS: [Option<&str>; 3] = [None, Some("s1"), Some("s2")];
 const CHAOS: Duration = Duration::from_secs(12);
 const VT_MS: u64 = 2000;
+/// How long the drain of one group may take at most.
+const DRAIN_FOR: Duration = Duration::from_secs(60);
 
 type Bases = Arc<RwLock<Vec<String>>>;
 
@@ -273,9 +275,12 @@ async fn sigkill_and_restart_loses_nothing() {
     // Drain: wait out every lease, then consume and ack until nothing is left.
     tokio::time::sleep(Duration::from_millis(VT_MS + 200)).await;
     let base = bases.read().await[0].clone();
+    // Three 204s in a row end a group's drain; a failed consume (a 5xx, or no answer
+    // within the client's timeout on a starved machine) is tried again, up to DRAIN_FOR.
     for group in 0..GROUPS.len() {
-        let mut empty = 0;
-        while empty < 3 {
+        let (mut empty, mut failed) = (0, 0);
+        let deadline = Instant::now() + DRAIN_FOR;
+        while empty < 3 && Instant::now() < deadline {
             let seen = Seen {
                 group,
                 payload_at: &payload_at,
@@ -283,11 +288,17 @@ async fn sigkill_and_restart_loses_nothing() {
                 acks: &acks,
                 store: &raw,
             };
-            if consume_and_ack(&http, (&base, None), &base, seen).await {
-                empty = 0;
-            } else {
-                empty += 1;
+            match consume_and_ack(&http, (&base, None), &base, seen).await {
+                Consumed::Message => empty = 0,
+                Consumed::Empty => empty += 1,
+                Consumed::Failed => {
+                    failed += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
+        }
+        if failed > 0 || empty < 3 {
+            println!("drain of group {group}: {failed} failed consumes, {empty} empty at the end");
         }
     }
 
@@ -479,14 +490,26 @@ struct Seen<'a> {
     store: &'a DynStore,
 }
 
+/// What one consume came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Consumed {
+    /// A message, which was then acked (or the ack failed: the lease lapses).
+    Message,
+    /// 204: nothing available.
+    Empty,
+    /// No answer within the client's timeout, a 5xx, or a body that did not parse: try
+    /// again (a 503 says "retry later", not "nothing left").
+    Failed,
+}
+
 /// One consume (of `partition`, or any) through `consume_at` + its ack through `ack_at`.
-/// Records what each offset held; true if a message was consumed.
+/// Records what each offset held.
 async fn consume_and_ack(
     http: &reqwest::Client,
     (consume_at, partition): (&str, Option<u32>),
     ack_at: &str,
     seen: Seen<'_>,
-) -> bool {
+) -> Consumed {
     let mut only = partition.map_or(String::new(), |p| format!("&partition={p}"));
     if let Some(sub) = GROUPS[seen.group] {
         only.push_str(&format!("&subscription={sub}"));
@@ -500,18 +523,21 @@ async fn consume_and_ack(
         .send()
         .await
     else {
-        return false;
+        return Consumed::Failed;
     };
+    if r.status() == StatusCode::NO_CONTENT {
+        return Consumed::Empty;
+    }
     if r.status() != StatusCode::OK {
         assert!(
-            r.status() == StatusCode::NO_CONTENT || r.status().is_server_error(),
+            r.status().is_server_error(),
             "consume answered {}",
             r.status()
         );
-        return false;
+        return Consumed::Failed;
     }
     let Ok(m) = r.json::<Value>().await else {
-        return false;
+        return Consumed::Failed;
     };
     let at = (
         m["partition"].as_u64().unwrap(),
@@ -545,5 +571,5 @@ async fn consume_and_ack(
             seen.group
         );
     }
-    true
+    Consumed::Message
 }
