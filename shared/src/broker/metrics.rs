@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::Broker;
-use crate::commit::Figures;
+use crate::commit::{Figures, Summary};
 
 /// One topic's figures for `/metrics`: backlog, in flight, delayed, and the oldest
 /// unsettled age in ms (if known).
@@ -133,7 +133,8 @@ impl Broker {
         let now = self.clock.now_ms();
         let mut topics: std::collections::BTreeMap<String, TopicFigures> =
             std::collections::BTreeMap::new();
-        for s in self.committer.summaries() {
+        let summaries = self.committer.summaries();
+        for s in &summaries {
             if !visible(&s.topic) || s.subscription.is_some() {
                 continue;
             }
@@ -143,7 +144,7 @@ impl Broker {
                 let i = usize::try_from(frontier.checked_sub(seg.base_offset)?).ok()?;
                 Some(now.saturating_sub(cached.messages.get(i)?.produced_at_ms))
             });
-            let e = topics.entry(s.topic).or_insert((0, 0, 0, None));
+            let e = topics.entry(s.topic.clone()).or_insert((0, 0, 0, None));
             e.0 += s.figures.available;
             e.1 += s.figures.in_flight;
             e.2 += s.figures.delayed;
@@ -181,22 +182,26 @@ impl Broker {
                 }
             }
         }
-        self.subscription_metrics(&visible, &mut out);
+        Self::subscription_metrics(&summaries, &visible, &mut out);
         out
     }
 
-    /// Per named subscription of the topics `visible` admits, summed over its partitions as
-    /// this process's ledger commits last left them (no storage request):
-    /// `narad_subscription_backlog_messages`, `_in_flight_messages`, `_delayed_messages`
-    /// and `_lost_messages`, labelled `topic` and `subscription`.
-    fn subscription_metrics(&self, visible: &impl Fn(&str) -> bool, out: &mut String) {
+    /// Per named subscription of the topics `visible` admits, from `summaries`, summed
+    /// over its partitions as this process's ledger commits last left them (no storage
+    /// request): `narad_subscription_backlog_messages`, `_in_flight_messages`,
+    /// `_delayed_messages` and `_lost_messages`, labelled `topic` and `subscription`.
+    fn subscription_metrics(
+        summaries: &[Summary],
+        visible: &impl Fn(&str) -> bool,
+        out: &mut String,
+    ) {
         let mut subs: std::collections::BTreeMap<(String, String), Figures> =
             std::collections::BTreeMap::new();
-        for s in self.committer.summaries() {
-            let Some(sub) = s.subscription.filter(|_| visible(&s.topic)) else {
+        for s in summaries {
+            let Some(sub) = s.subscription.clone().filter(|_| visible(&s.topic)) else {
                 continue;
             };
-            let e = subs.entry((s.topic, sub)).or_default();
+            let e = subs.entry((s.topic.clone(), sub)).or_default();
             e.available += s.figures.available;
             e.in_flight += s.figures.in_flight;
             e.delayed += s.figures.delayed;

@@ -27,7 +27,7 @@ mod chore;
 mod combine;
 mod landing;
 mod ledgers;
-pub(crate) use summary::Figures;
+pub(crate) use summary::{Figures, Summary};
 mod listing;
 mod ordering;
 mod produces;
