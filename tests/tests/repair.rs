@@ -149,11 +149,14 @@ async fn narad_repair_reports_then_rebuilds_a_corrupt_partition() {
     }
     let (url, dir) = narad_tests::test_store_url();
     let store = narad_shared::store::open(&url).await.unwrap();
+    // The narad command runs on the wall clock, so the server does too: a fixed start
+    // would fall out of retention as the calendar passes it.
+    let now = narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock);
     let s = Server::start_on(
         store.clone(),
         dir,
         Options::default(),
-        TestClock::manual(T0),
+        TestClock::manual(now),
     )
     .await;
     let (acked, _) = history(&s, "cli").await;

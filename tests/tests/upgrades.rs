@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use narad_shared::store::DynStore;
-use narad_tests::{Options, Server, TestClock, T0};
+use narad_tests::{Options, Server, TestClock};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -48,7 +48,7 @@ async fn server() -> Option<(Server, String)> {
     }
     let (url, dir) = narad_tests::test_store_url();
     let store = narad_shared::store::open(&url).await.unwrap();
-    let s = Server::start_on(store, dir, Options::default(), TestClock::manual(T0)).await;
+    let s = Server::start_on(store, dir, Options::default(), TestClock::manual(now_ms())).await;
     Some((s, url))
 }
 
@@ -122,7 +122,7 @@ async fn a_newer_topic_layout_is_answered_upgrade_required_and_never_rewritten()
     let newer = rewrite_as_newer(&s.store, key, "layout", json!(7)).await;
     // A fresh process (nothing cached) meets it on every route.
     let (store, dir) = (s.store.clone(), None);
-    let fresh = Server::start_on(store, dir, Options::default(), TestClock::manual(T0)).await;
+    let fresh = Server::start_on(store, dir, Options::default(), TestClock::manual(now_ms())).await;
     assert_upgrade_required(fresh.consume_raw("lay", "").await, "consume").await;
     assert_upgrade_required(fresh.ack_raw("lay", &handle, "").await, "ack").await;
     let r = fresh
@@ -192,6 +192,8 @@ async fn fresh(s: &Server, clock: TestClock) -> Server {
     Server::start_on(s.store.clone(), None, Options::default(), clock).await
 }
 
+/// The wall clock: the narad command these tests run reads it, so their servers start
+/// at it too (a fixed start would fall out of retention as the calendar passes it).
 fn now_ms() -> u64 {
     narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock)
 }
@@ -214,7 +216,7 @@ async fn newer_segments_are_answered_upgrade_required_and_never_rewritten() {
     let newer = snapshot(&s.store, prefix).await;
     assert_eq!(newer.len(), 3);
 
-    let other = fresh(&s, TestClock::manual(T0)).await;
+    let other = fresh(&s, TestClock::manual(now_ms())).await;
     assert_upgrade_required(other.consume_raw("seg", "").await, "consume").await;
     // Produce and ack need no segment: they work, and write none of the newer ones.
     other.produce("seg", "after").await;
@@ -313,7 +315,7 @@ async fn a_newer_receipt_key_or_handle_is_upgrade_required() {
         receipt_keys: Vec::new(),
         ..Options::default()
     };
-    let other = Server::start_on(s.store.clone(), None, unkeyed, TestClock::manual(T0)).await;
+    let other = Server::start_on(s.store.clone(), None, unkeyed, TestClock::manual(now_ms())).await;
     assert_upgrade_required(other.consume_raw("h", "").await, "consume").await;
     let r = other
         .req(Method::POST, "/v1/topics/h/produce")
@@ -353,7 +355,7 @@ async fn settings_a_newer_build_added_survive_a_patch_made_here() {
     let sealed = narad_shared::stored::seal_json(serde_json::to_vec(&v).unwrap());
     s.store.put_if_match(key, sealed, &o.etag).await.unwrap();
 
-    let other = fresh(&s, TestClock::manual(T0)).await;
+    let other = fresh(&s, TestClock::manual(now_ms())).await;
     let r = other
         .req(Method::PATCH, "/v1/topics/set")
         .body(r#"{"visibility_timeout_ms":60000}"#)
