@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+#[cfg(not(target_arch = "wasm32"))]
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Wall-clock milliseconds since the Unix epoch.
@@ -21,11 +22,23 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     // The one read of the system clock (clippy.toml disallows it everywhere else).
     #[allow(clippy::disallowed_methods)]
+    #[cfg(not(target_arch = "wasm32"))]
     fn now_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0)
+    }
+
+    // On wasm32 the host's: `SystemTime::now` panics there (no platform clock).
+    #[cfg(target_arch = "wasm32")]
+    fn now_ms(&self) -> u64 {
+        let ms = js_sys::Date::now();
+        if ms.is_finite() && ms > 0.0 {
+            ms as u64
+        } else {
+            0
+        }
     }
 }
 
