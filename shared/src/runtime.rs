@@ -37,6 +37,11 @@ mod native {
         Instant::now()
     }
 
+    /// This process's id, for its process record.
+    pub(crate) fn process_id() -> u32 {
+        std::process::id()
+    }
+
     /// What [`timeout`] answers when the wait ran out first.
     pub(crate) use tokio::time::error::Elapsed;
 
@@ -109,6 +114,11 @@ pub(crate) mod wasm {
     /// The monotonic clock's reading now.
     pub(crate) fn now() -> Instant {
         Instant::now()
+    }
+
+    /// A Worker has no process id (std's panics on this target): its record says 0.
+    pub(crate) fn process_id() -> u32 {
+        0
     }
 
     /// What [`timeout`] answers when the wait ran out first.

@@ -250,7 +250,7 @@ impl Gate {
             newest: Level::NEWEST,
             level,
             host: host_name(),
-            pid: std::process::id(),
+            pid: crate::runtime::process_id(),
             started_ms: now,
             renewed_ms: now,
             expires_ms: now + ttl.as_millis() as u64,
