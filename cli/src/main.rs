@@ -353,7 +353,7 @@ async fn upgrade(cmd: UpgradeCmd) -> Result<(), String> {
         window,
         confirmed,
     };
-    let store = narad_shared::store::open_with_latency(&cfg.store, cfg.store_latency)
+    let store = narad_shared::store::open_emulated(&cfg.store, cfg.emulation)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", cfg.store))?;
     // The gate's records run on the system clock (narad_shared::gate).

@@ -25,6 +25,7 @@
 //! | `NARAD_TLS_CERT`, `NARAD_TLS_KEY` | (unset) | `narad serve`: PEM certificate chain and private key; both set: HTTPS only |
 //! | `NARAD_MAX_BODY_BUFFER_BYTES` | 268435456 | request body bytes held by the process at once; a request over it gets 503 with `Retry-After` |
 //! | `NARAD_STORE_LATENCY_MS` | 0 | **benchmarks only**: adds this many milliseconds to every storage request, to measure a local store with a remote store's round-trip time |
+//! | `NARAD_STORE_KEY_WRITE_INTERVAL_MS` | 0 | **benchmarks and tests only**: refuses (as R2's 429) a second write of one key within this many milliseconds, to measure a store with Cloudflare R2's one write per second per key (1000) |
 //! | `NARAD_TEST_CLOCK_FILE` | (unset) | **tests only**: read "now" (ms since the epoch) from this file on every clock read, so a test can move an external server's time |
 //!
 //! Errors name the variable at fault.
@@ -163,9 +164,11 @@ pub struct Config {
     pub broker: BrokerOptions,
     /// HTTP edge limits.
     pub http: HttpOptions,
-    /// Benchmark emulation only: latency added to every storage request
-    /// (`NARAD_STORE_LATENCY_MS`, 0 to 5000; default 0, none).
-    pub store_latency: Duration,
+    /// Benchmark and test emulation only: latency added to every storage request
+    /// (`NARAD_STORE_LATENCY_MS`, 0 to 5000; default 0, none), and R2's limit of one
+    /// write per key per interval (`NARAD_STORE_KEY_WRITE_INTERVAL_MS`, 0 to 10000;
+    /// default 0, none).
+    pub emulation: crate::store::Emulation,
     /// Test only: the file [`Config::clock`] reads the time from (`NARAD_TEST_CLOCK_FILE`).
     /// Never set it in production.
     pub test_clock_file: Option<PathBuf>,
@@ -221,13 +224,22 @@ impl Config {
             receipt_keys,
             broker: broker_options(&get)?,
             http: http_options(&get)?,
-            store_latency: Duration::from_millis(bounded(
-                &get,
-                "NARAD_STORE_LATENCY_MS",
-                0,
-                0,
-                5000,
-            )?),
+            emulation: crate::store::Emulation {
+                latency: Duration::from_millis(bounded(
+                    &get,
+                    "NARAD_STORE_LATENCY_MS",
+                    0,
+                    0,
+                    5000,
+                )?),
+                key_write_interval: Duration::from_millis(bounded(
+                    &get,
+                    "NARAD_STORE_KEY_WRITE_INTERVAL_MS",
+                    0,
+                    0,
+                    10_000,
+                )?),
+            },
             test_clock_file: get("NARAD_TEST_CLOCK_FILE")
                 .filter(|p| !p.trim().is_empty())
                 .map(PathBuf::from),

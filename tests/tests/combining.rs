@@ -162,6 +162,31 @@ async fn brokers_producing_at_once_share_commits_and_lose_nothing() {
     );
 }
 
+/// Six processes on a store that refuses a second write of one key within 100 ms, as R2
+/// does within a second (`store/keyrate.rs`). Each paces its own writes
+/// (`store/paced.rs`); they do not coordinate, so one's write may be refused after
+/// another's, and that is a failed write like any other: nothing is lost or stored twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_producing_at_once_behind_a_per_key_write_limit_lose_nothing() {
+    let limited = Arc::new(narad_shared::store::keyrate::KeyRateStore::new(
+        Arc::new(LatencyStore::new(
+            Arc::new(MemoryStore::new()),
+            Duration::from_millis(2),
+        )),
+        Duration::from_millis(100),
+    ));
+    let (ok, failed, per_commit) = run(limited.clone(), None).await;
+    println!(
+        "{ok} produced, {failed} failed, {per_commit:.2} operations per commit, {} writes refused",
+        limited.refused()
+    );
+    assert!(ok > BROKERS * EACH / 2, "most produces succeed");
+    assert!(
+        per_commit > 2.0,
+        "paced commits carry more: {per_commit:.2} operations per commit"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn brokers_producing_at_once_under_faults_lose_nothing_and_duplicate_nothing() {
     for seed in 0..4u64 {

@@ -352,10 +352,10 @@ fn print_shape(b: &Bench, args: &BenchArgs, producers: usize, consumers: usize) 
     println!(
         "narad bench --e2e: store {}{} | {k} narad serve processes: producers through {producers}, {consumers} consumers waiting (wait={}s) on the other {} | {} partition(s)",
         args.store,
-        if b.cfg.store_latency.is_zero() {
+        if b.cfg.emulation.latency.is_zero() {
             String::new()
         } else {
-            format!(" (+{} ms emulated latency per request)", b.cfg.store_latency.as_millis())
+            format!(" (+{} ms emulated latency per request)", b.cfg.emulation.latency.as_millis())
         },
         WAIT.as_secs(),
         k - producers,

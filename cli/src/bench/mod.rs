@@ -155,7 +155,7 @@ impl Bench {
     /// Measures the store's baselines, starts the servers and creates the topic.
     async fn start(args: &BenchArgs) -> Result<Self, String> {
         let cfg = Config::from_env().map_err(|e| e.to_string())?;
-        let inner = store::open_with_latency(&args.store, cfg.store_latency)
+        let inner = store::open_emulated(&args.store, cfg.emulation)
             .await
             .map_err(|e| format!("cannot open store {}: {e}", args.store))?;
         let metered = MeteredStore::new(inner.clone());

@@ -43,10 +43,10 @@ pub(super) fn print_report(b: &Bench, args: &BenchArgs, phases: &[Phase]) {
     for p in phases {
         print_combining(p.name, p.messages, &p.combining);
     }
-    if !b.cfg.store_latency.is_zero() {
+    if !b.cfg.emulation.latency.is_zero() {
         // Every storage request waits the delay, so a request's latency over the delay
         // counts the round trips it made one after another (plus its CPU and any queueing).
-        let delay = b.cfg.store_latency.as_secs_f64() * 1000.0;
+        let delay = b.cfg.emulation.latency.as_secs_f64() * 1000.0;
         for p in phases {
             println!(
                 "{}: p50 {:.1} ms = {:.2} sequential store round trips of {delay:.0} ms",

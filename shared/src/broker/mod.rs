@@ -107,7 +107,9 @@ impl Broker {
         opts: BrokerOptions,
     ) -> BrokerResult<Self> {
         let metered = MeteredStore::new(store);
-        let store: DynStore = metered.clone();
+        // A store that limits writes per key (R2) gets them spaced here, for every writer
+        // of this process; the meter counts the store's own requests and durations.
+        let store: DynStore = crate::store::paced::paced(metered.clone());
         let tasks = Arc::new(Dispatcher::default());
         // First: a process of a build the fleet has left behind must not start at all.
         let gate = Gate::join(store.clone(), &*ids, opts.process_ttl, &tasks).await?;
@@ -191,7 +193,7 @@ impl Broker {
     /// Errors: the store's startup failure (missing bucket, no credentials, no
     /// conditional writes) as [`BrokerError::Store`].
     pub async fn from_config(cfg: &Config) -> BrokerResult<Self> {
-        let store = crate::store::open_with_latency(&cfg.store, cfg.store_latency).await?;
+        let store = crate::store::open_emulated(&cfg.store, cfg.emulation).await?;
         Self::new(
             store,
             cfg.clock(),

@@ -84,6 +84,10 @@ impl Store for LatencyStore {
         self.inner.delete_folders(prefix, deleted).await
     }
 
+    fn key_write_interval(&self) -> Duration {
+        self.inner.key_write_interval()
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (+{} ms emulated latency per request)",

@@ -40,6 +40,10 @@ pub trait LocalStore: 'static {
     async fn list_dirs(&self, prefix: &str, after: &str, max: usize) -> StoreResult<Vec<String>>;
     /// [`Store::list_files`].
     async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>>;
+    /// [`Store::key_write_interval`].
+    fn key_write_interval(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// [`Store::describe`].
     fn describe(&self) -> String;
 }
@@ -97,6 +101,10 @@ impl<S: LocalStore> Store for Local<S> {
 
     async fn list_files(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
         SendWrapper::new(self.0.list_files(prefix)).await
+    }
+
+    fn key_write_interval(&self) -> std::time::Duration {
+        self.0.key_write_interval()
     }
 
     fn describe(&self) -> String {

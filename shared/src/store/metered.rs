@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -233,7 +232,7 @@ impl MeteredStore {
         key: &str,
         request: impl std::future::Future<Output = StoreResult<T>>,
     ) -> StoreResult<T> {
-        let started = Instant::now();
+        let started = crate::runtime::now();
         let r = request.await;
         self.record(op, &r);
         tracing::trace!(
@@ -317,6 +316,10 @@ impl Store for MeteredStore {
             self.inner.delete_folders(prefix, deleted),
         )
         .await
+    }
+
+    fn key_write_interval(&self) -> std::time::Duration {
+        self.inner.key_write_interval()
     }
 
     fn describe(&self) -> String {

@@ -26,10 +26,12 @@
 //! Every backend must pass `testing::conformance::run_all` (behind the `testing` feature).
 
 pub mod file;
+pub mod keyrate;
 pub mod latency;
 pub mod local;
 pub mod memory;
 pub mod metered;
+pub mod paced;
 #[cfg(feature = "s3")]
 pub mod s3;
 #[cfg(any(test, feature = "testing"))]
@@ -276,6 +278,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// How long the store needs between two writes of one key: zero for S3 and the
+    /// file store, one second for Cloudflare R2 (beyond it, 429). The committer spaces
+    /// its commits of one object by this (docs/design.md §6, "Pacing").
+    fn key_write_interval(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// A short description for logs and startup messages (never contains secrets).
     fn describe(&self) -> String;
 }
@@ -364,14 +373,30 @@ async fn open_s3(_: &str) -> StoreResult<DynStore> {
     ))
 }
 
-/// [`open`], with `latency` added to every request when it is not zero (benchmark
-/// emulation of a remote store, `NARAD_STORE_LATENCY_MS`).
-pub async fn open_with_latency(url: &str, latency: std::time::Duration) -> StoreResult<DynStore> {
-    let store = open(url).await?;
-    if latency.is_zero() {
-        return Ok(store);
+/// How a local store is made to behave like a remote one, for benchmarks and tests only
+/// (never in production): each part is off when zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Emulation {
+    /// Added to every request (`NARAD_STORE_LATENCY_MS`: S3's round trip on loopback).
+    pub latency: std::time::Duration,
+    /// A second write of one key within this is refused (`NARAD_STORE_KEY_WRITE_INTERVAL_MS`:
+    /// R2's one write per second per key).
+    pub key_write_interval: std::time::Duration,
+}
+
+/// [`open`], behaving as `emulation` says.
+pub async fn open_emulated(url: &str, emulation: Emulation) -> StoreResult<DynStore> {
+    let mut store = open(url).await?;
+    if !emulation.key_write_interval.is_zero() {
+        store = Arc::new(keyrate::KeyRateStore::new(
+            store,
+            emulation.key_write_interval,
+        ));
     }
-    Ok(Arc::new(latency::LatencyStore::new(store, latency)))
+    if !emulation.latency.is_zero() {
+        store = Arc::new(latency::LatencyStore::new(store, emulation.latency));
+    }
+    Ok(store)
 }
 
 /// The ETag a content-addressed backend gives `data`: hex SHA-256, like S3's MD5 ETags
