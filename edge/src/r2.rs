@@ -289,6 +289,11 @@ impl LocalStore for R2Store {
         Ok(out)
     }
 
+    /// R2: "maximum concurrent writes to the same object name: 1 per second" (429 beyond).
+    fn key_write_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
     fn describe(&self) -> String {
         format!("r2 (key prefix {:?})", self.prefix)
     }
