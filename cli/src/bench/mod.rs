@@ -159,7 +159,8 @@ impl Bench {
             .await
             .map_err(|e| format!("cannot open store {}: {e}", args.store))?;
         let metered = MeteredStore::new(inner.clone());
-        let store: DynStore = metered.clone();
+        // Paced as a broker paces it: on R2, the serial CAS rate is what one key allows.
+        let store: DynStore = store::paced::paced(metered.clone());
         let cas_rate = serial_cas_rate(&store, args.cas_ops).await?;
         let put_rate = concurrent_put_rate(&store, 8, Duration::from_secs(2)).await?;
         let users = [Credential {

@@ -712,6 +712,10 @@ impl Drained for Queue {
         &self.state
     }
 
+    fn key(&self) -> &str {
+        &self.key
+    }
+
     fn listing(&self) -> queue::Place<'_> {
         queue::Place {
             prefix: &self.segments_prefix,

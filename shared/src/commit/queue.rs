@@ -39,6 +39,9 @@ pub(super) trait Drained: Send + Sync + Sized + 'static {
     /// The queue's state.
     fn state(&self) -> &Mutex<QueueState<Self>>;
 
+    /// The key of the object its batches write.
+    fn key(&self) -> &str;
+
     /// Where the object's combining writes are listed.
     fn listing(&self) -> Place<'_>;
 
@@ -174,6 +177,14 @@ impl Committer {
             let busy = lock(q.state()).last_batch > 1;
             if busy && !self.linger.is_zero() {
                 crate::runtime::sleep(self.linger).await;
+            }
+            // On a store that paces writes of a key (R2's one a second), the batch is
+            // taken when its write may go, so that what arrives until then rides in it
+            // (taken earlier, the batch would wait in the store while the rest queued for
+            // the write after it).
+            let wait = self.store.write_wait(q.key());
+            if !wait.is_zero() {
+                crate::runtime::sleep(wait).await;
             }
             let (ops, with, held) = {
                 let mut st = lock(q.state());

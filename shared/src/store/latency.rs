@@ -88,6 +88,10 @@ impl Store for LatencyStore {
         self.inner.key_write_interval()
     }
 
+    fn write_wait(&self, key: &str) -> Duration {
+        self.inner.write_wait(key)
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (+{} ms emulated latency per request)",

@@ -322,6 +322,10 @@ impl Store for MeteredStore {
         self.inner.key_write_interval()
     }
 
+    fn write_wait(&self, key: &str) -> std::time::Duration {
+        self.inner.write_wait(key)
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -285,6 +285,14 @@ pub trait Store: Send + Sync + 'static {
         std::time::Duration::ZERO
     }
 
+    /// How long a write of `key` issued now would wait for its turn: zero unless the
+    /// store paces writes per key (`store/paced.rs`). The committer waits this out before
+    /// it takes a batch, so that what arrives meanwhile rides in the batch.
+    fn write_wait(&self, key: &str) -> std::time::Duration {
+        let _ = key;
+        std::time::Duration::ZERO
+    }
+
     /// A short description for logs and startup messages (never contains secrets).
     fn describe(&self) -> String;
 }

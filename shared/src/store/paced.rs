@@ -140,6 +140,22 @@ impl Store for PacedStore {
         self.interval
     }
 
+    /// Until the key's next write may go; the whole interval while one is in flight
+    /// (its answer starts the interval).
+    fn write_wait(&self, key: &str) -> Duration {
+        let slot = {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            match slots.get(key) {
+                Some(s) => s.clone(),
+                None => return Duration::ZERO,
+            }
+        };
+        let Ok(next) = slot.try_lock() else {
+            return self.interval;
+        };
+        next.map_or(Duration::ZERO, |t| t.saturating_duration_since(now()))
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
@@ -159,7 +175,11 @@ mod tests {
         ));
         let s = paced(limited.clone());
         let t0 = now();
+        assert_eq!(s.write_wait("k"), Duration::ZERO);
         let mut etag = s.put_if_absent("k", Bytes::from("0")).await.unwrap();
+        // The committer waits this out before it takes a batch of `k`.
+        assert_eq!(s.write_wait("k"), Duration::from_secs(1));
+        assert_eq!(s.write_wait("never-written"), Duration::ZERO);
         // Other keys go at once, beside a waiting write of `k`.
         let (again, other) = tokio::join!(
             s.put_if_match("k", Bytes::from("1"), &etag),

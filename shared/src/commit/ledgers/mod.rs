@@ -186,6 +186,10 @@ impl Drained for LedgerQueue {
         &self.state
     }
 
+    fn key(&self) -> &str {
+        &self.ledger_key
+    }
+
     /// The ledger's own prefix: intents only.
     fn listing(&self) -> Place<'_> {
         Place {
