@@ -6,7 +6,8 @@
 # on both stores through a fault proxy (tests/s3-faults.sh), schemathesis against narad serve
 # (tests/schemathesis.sh), the web console in headless Chromium (tests/console.sh), the Python
 # and TypeScript clients (tests/python-client.sh, tests/typescript-client.sh), then the narad-api
-# Lambda function under cargo lambda watch on S3, and cfn-lint on the SAM template.
+# Lambda function under cargo lambda watch on S3, cfn-lint on the SAM template, and the Worker
+# (edge/) under wrangler dev with a local R2, the whole suite again against it.
 #
 # Every step runs even when an earlier one failed, so every suite reports. Each step prints
 # how long it usually takes (on 2 cores, warm; see the README for cold times) and how long it
@@ -17,10 +18,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 # Every cargo test run is teed here so the end of this script can print one total.
 results="$(mktemp)"
-lambda_dir="$(mktemp -d)"
+lambda_dir="$(mktemp -d)" edge_dir="$(mktemp -d)"
 cleanup() {
     [[ -n "${LAMBDA_PORT:-}" ]] && functions/lambda-watch.sh stop >/dev/null 2>&1
-    rm -rf "$results" "$lambda_dir"
+    [[ -n "${EDGE_PORT:-}" ]] && edge/dev.sh stop >/dev/null 2>&1
+    rm -rf "$results" "$lambda_dir" "$edge_dir"
 }
 trap cleanup EXIT
 
@@ -178,6 +180,40 @@ ENV
 }
 step "Lambda runtime (cargo lambda watch) on S3" "1.5 min" lambda_suite
 step "SAM template (cfn-lint infra/template.yaml)" "3 s" "$tools_bin/cfn-lint" infra/template.yaml
+
+# The Worker (edge/, docs/edge.md): built from the registries alone (wasm-bindgen-cli and
+# worker-build from crates.io, wrangler and esbuild from npm), run under `wrangler dev` with
+# a local R2, and the same suite against it, as against the Lambda function.
+edge_build() {
+    cargo clippy -p narad-edge --target wasm32-unknown-unknown -- -D warnings || return 1
+    cargo clippy -p narad-edge --target wasm32-unknown-unknown --features test-hooks -- -D warnings || return 1
+    edge/dev.sh build
+}
+step "Worker build (edge/dev.sh build: worker-build, wasm-bindgen, wrangler)" "40 s warm; 6 min cold" edge_build
+edge_suite() {
+    EDGE_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    export EDGE_PORT
+    # R2's limit is one write per key per second; a local R2 does not enforce it, and the
+    # broker spaces its writes by 100 ms here so that the pacing runs without making the
+    # suite ten times slower (the benchmark runs the second: docs/benchmarks.md).
+    cat >"$edge_dir/worker.env" <<ENV
+NARAD_AUTH=tester:s3cret-pass
+NARAD_RECEIPT_KEY=test-receipt-key-0123456789
+NARAD_POLL_INTERVAL_MS=50
+NARAD_LOG=warn
+NARAD_R2_WRITE_INTERVAL_MS=100
+ENV
+    EDGE_ENV_FILE="$edge_dir/worker.env" EDGE_STATE="$edge_dir/state" edge/dev.sh start || return 1
+    local rc=0 url="http://127.0.0.1:$EDGE_PORT"
+    NARAD_TEST_URL="$url" NARAD_TEST_STORE="worker+$url" \
+        NARAD_TEST_CLOCK_FILE="$edge_dir/clock" NARAD_TEST_SERVER_ENV="$edge_dir/worker.env" \
+        NARAD_TEST_SKIPS="$edge_dir/skips" tests -- --test-threads=1 || rc=1
+    printf 'tests that skipped themselves against the Worker: %d; against the Lambda function: %d\n' \
+        "$(cat "$edge_dir/skips" 2>/dev/null | wc -l)" "$(cat "$lambda_dir/skips" 2>/dev/null | wc -l)"
+    edge/dev.sh stop
+    return $rc
+}
+step "Worker under wrangler dev, local R2" "3 min" edge_suite
 
 printf '\n== summary\n'
 for i in "${!names[@]}"; do

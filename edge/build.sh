@@ -21,4 +21,4 @@ fi
 [ -x node_modules/.bin/wrangler ] || npm ci --no-audit --no-fund
 WASM_BINDGEN_BIN="$(command -v wasm-bindgen)" \
 ESBUILD_BIN="$PWD/node_modules/@esbuild/linux-x64/bin/esbuild" \
-  worker-build --release --no-opt
+  worker-build --release --no-opt "$@"

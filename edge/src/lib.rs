@@ -20,15 +20,17 @@
 
 pub mod route;
 
+#[cfg(all(target_arch = "wasm32", feature = "test-hooks"))]
+mod hooks;
 #[cfg(target_arch = "wasm32")]
 mod object;
 #[cfg(target_arch = "wasm32")]
 mod r2;
 
 #[cfg(target_arch = "wasm32")]
-pub use object::{Narad, BUCKET_BINDING, PREFIX_VAR};
+pub use object::{Narad, BUCKET_BINDING, PREFIX_VAR, WRITE_INTERVAL_VAR};
 #[cfg(target_arch = "wasm32")]
-pub use r2::R2Store;
+pub use r2::{R2Store, R2_WRITE_INTERVAL};
 
 /// The binding of the Durable Object namespace (wrangler.toml's
 /// `[[durable_objects.bindings]] name`).
@@ -42,10 +44,17 @@ async fn fetch(
     env: worker::Env,
     _ctx: worker::Context,
 ) -> worker::Result<axum::response::Response> {
-    let name = route::object_for(req.uri().path());
+    #[allow(unused_mut)]
+    let mut name = route::object_for(req.uri().path());
+    #[allow(unused_mut)]
+    let mut req = worker::Request::try_from(req)?;
+    #[cfg(feature = "test-hooks")]
+    {
+        if let Some(answer) = hooks::store(&mut req, &env).await {
+            return Ok(answer?.into());
+        }
+        hooks::choose_object(&mut name, &req);
+    }
     let stub = env.durable_object(OBJECTS_BINDING)?.get_by_name(&name)?;
-    let res = stub
-        .fetch_with_request(worker::Request::try_from(req)?)
-        .await?;
-    Ok(res.into())
+    Ok(stub.fetch_with_request(req).await?.into())
 }

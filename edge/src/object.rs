@@ -11,6 +11,7 @@
 //! on another object, or on two objects during a move, is still served correctly.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use narad_shared::access::Users;
 use narad_shared::broker::Broker;
@@ -33,6 +34,10 @@ pub const BUCKET_BINDING: &str = "NARAD_BUCKET";
 /// the whole bucket).
 pub const PREFIX_VAR: &str = "NARAD_R2_PREFIX";
 
+/// The variable that spaces writes of one key by other than R2's second: only for a local
+/// R2 under `wrangler dev`, which does not enforce the limit (the test run sets 100).
+pub const WRITE_INTERVAL_VAR: &str = "NARAD_R2_WRITE_INTERVAL_MS";
+
 /// The header in which Cloudflare passes the client's address.
 const CLIENT_IP_HEADER: &str = "cf-connecting-ip";
 
@@ -40,6 +45,9 @@ const CLIENT_IP_HEADER: &str = "cf-connecting-ip";
 #[durable_object]
 pub struct Narad {
     env: Env,
+    /// The time a test set (`test-hooks` only).
+    #[cfg(feature = "test-hooks")]
+    clock: narad_shared::clock::ManualClock,
     /// The router over this object's broker, built by its first request that succeeds.
     app: OnceCell<axum::Router>,
 }
@@ -56,14 +64,22 @@ impl DurableObject for Narad {
     fn new(_state: State, env: Env) -> Self {
         Self {
             env,
+            #[cfg(feature = "test-hooks")]
+            clock: crate::hooks::clock(),
             app: OnceCell::new(),
         }
     }
 
     async fn fetch(&self, req: Request) -> worker::Result<Response> {
+        #[cfg(feature = "test-hooks")]
+        crate::hooks::set_time(&self.clock, &req);
+        #[cfg(feature = "test-hooks")]
+        let clock: Arc<dyn narad_shared::clock::Clock> = Arc::new(self.clock.clone());
+        #[cfg(not(feature = "test-hooks"))]
+        let clock: Arc<dyn narad_shared::clock::Clock> = Arc::new(narad_shared::clock::SystemClock);
         let app = self
             .app
-            .get_or_try_init(|| start(&self.env))
+            .get_or_try_init(|| start(&self.env, clock))
             .await
             .map_err(worker::Error::RustError)?;
         let mut req = HttpRequest::try_from(req)?;
@@ -81,7 +97,10 @@ impl DurableObject for Narad {
 /// `narad_shared::config`).
 ///
 /// Errors: a message naming what is missing or wrong (a variable, the binding, the store).
-async fn start(env: &Env) -> Result<axum::Router, String> {
+async fn start(
+    env: &Env,
+    clock: Arc<dyn narad_shared::clock::Clock>,
+) -> Result<axum::Router, String> {
     let var = |name: &str| env.var(name).ok().map(|v| v.to_string());
     let cfg = Config::from_lookup(var).map_err(|e| e.to_string())?;
     let users = Users::from_config(&cfg)
@@ -94,12 +113,21 @@ async fn start(env: &Env) -> Result<axum::Router, String> {
         .bucket(BUCKET_BINDING)
         .map_err(|e| format!("no R2 bucket bound as {BUCKET_BINDING}: {e}"))?;
     let prefix = var(PREFIX_VAR).unwrap_or_default();
-    let store: DynStore = Arc::new(Local::new(R2Store::new(bucket, &prefix)));
+    let interval = match var(WRITE_INTERVAL_VAR) {
+        Some(ms) => Duration::from_millis(
+            ms.trim()
+                .parse()
+                .map_err(|_| format!("{WRITE_INTERVAL_VAR}: expected milliseconds, got {ms:?}"))?,
+        ),
+        None => crate::r2::R2_WRITE_INTERVAL,
+    };
+    let r2 = R2Store::new(bucket, &prefix).with_write_interval(interval);
+    let store: DynStore = Arc::new(Local::new(r2));
     let described = store.describe();
     // What `Broker::from_config` passes, with the store it cannot open from a URL.
     let broker = Broker::new(
         store,
-        cfg.clock(),
+        clock,
         Arc::new(RandomIds),
         cfg.receipt_keys.clone(),
         cfg.broker.clone(),

@@ -56,7 +56,13 @@ pub struct R2Store {
     bucket: Bucket,
     /// Empty, or the key prefix with exactly one trailing `/`.
     prefix: String,
+    /// What the broker spaces writes of one key by ([`R2_WRITE_INTERVAL`] unless a local
+    /// R2 that does not enforce the limit is told otherwise).
+    write_interval: std::time::Duration,
 }
+
+/// R2: "maximum concurrent writes to the same object name: 1 per second" (429 beyond).
+pub const R2_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where one listing request starts.
 enum Start<'a> {
@@ -76,7 +82,18 @@ impl R2Store {
         } else {
             format!("{prefix}/")
         };
-        Self { bucket, prefix }
+        Self {
+            bucket,
+            prefix,
+            write_interval: R2_WRITE_INTERVAL,
+        }
+    }
+
+    /// The same store, its writes of one key spaced by `interval` instead of R2's second:
+    /// only for a local R2 (`wrangler dev`), which does not enforce the limit.
+    pub fn with_write_interval(mut self, interval: std::time::Duration) -> Self {
+        self.write_interval = interval;
+        self
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -289,9 +306,8 @@ impl LocalStore for R2Store {
         Ok(out)
     }
 
-    /// R2: "maximum concurrent writes to the same object name: 1 per second" (429 beyond).
     fn key_write_interval(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(1)
+        self.write_interval
     }
 
     fn describe(&self) -> String {

@@ -22,6 +22,8 @@
 //! [`Server::start`] deletes every topic and resets the clock to [`T0`] first.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod worker_store;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,12 +45,23 @@ pub const PASS: &str = "s3cret-pass";
 /// Start of the manual clock: 2026-11-29T12:00:00Z.
 pub const T0: u64 = 1_795_953_600_000;
 
+/// `NARAD_TEST_STORE`, unless it is unset, `file`, or a Worker's store (which only the
+/// Worker's own server can use: a test's own servers then get a file store).
+fn own_store_url() -> Option<String> {
+    std::env::var("NARAD_TEST_STORE")
+        .ok()
+        .filter(|s| !s.is_empty() && s != "file" && !s.starts_with(worker_store::SCHEME))
+}
+
+/// The wall clock, in ms since the epoch: for servers that a `narad` command (which reads
+/// the wall clock) also works on, whose time a fixed start would leave behind retention.
+pub fn now_ms() -> u64 {
+    narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock)
+}
+
 /// The store URL tests should use, with a fresh directory or prefix.
 pub async fn test_store() -> (DynStore, Option<tempfile::TempDir>) {
-    match std::env::var("NARAD_TEST_STORE")
-        .ok()
-        .filter(|s| !s.is_empty() && s != "file")
-    {
+    match own_store_url() {
         None => {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("file://{}", dir.path().display());
@@ -65,10 +78,7 @@ pub async fn test_store() -> (DynStore, Option<tempfile::TempDir>) {
 /// The store URL for a process-level test (`narad serve --store ...`), plus the
 /// directory to keep alive for a file store.
 pub fn test_store_url() -> (String, Option<tempfile::TempDir>) {
-    match std::env::var("NARAD_TEST_STORE")
-        .ok()
-        .filter(|s| !s.is_empty() && s != "file")
-    {
+    match own_store_url() {
         None => {
             let dir = tempfile::tempdir().unwrap();
             (format!("file://{}", dir.path().display()), Some(dir))
@@ -103,6 +113,14 @@ pub fn skip_in_external_mode(needs: &str) -> bool {
     } else {
         false
     }
+}
+
+/// The Worker's base URL, when tests run in external mode against a Worker with its test
+/// hooks (`NARAD_TEST_STORE=worker+…`, edge/src/hooks.rs).
+pub fn worker_url() -> Option<String> {
+    let store = std::env::var("NARAD_TEST_STORE").ok()?;
+    store.starts_with(worker_store::SCHEME).then_some(())?;
+    external_url()
 }
 
 /// Says that the running test skipped itself, needing `needs`; with `NARAD_TEST_SKIPS`
@@ -297,7 +315,7 @@ impl Server {
     async fn external(url: String) -> Self {
         let store_url = std::env::var("NARAD_TEST_STORE")
             .expect("external mode needs NARAD_TEST_STORE: the store URL the server uses");
-        let store = store::open(&store_url).await.unwrap();
+        let store = worker_store::open(&store_url).await;
         let clock_file = std::env::var("NARAD_TEST_CLOCK_FILE").expect(
             "external mode needs NARAD_TEST_CLOCK_FILE: the file the server reads time from",
         );
@@ -389,11 +407,17 @@ impl Server {
         format!("{}{}", self.base, path)
     }
 
-    /// An authenticated request builder.
+    /// An authenticated request builder. In external mode it carries the test's time
+    /// (`x-narad-test-now`) for a server that reads no clock file (a Worker's test hooks).
     pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
+        let r = self
+            .http
             .request(method, self.url(path))
-            .basic_auth(USER, Some(PASS))
+            .basic_auth(USER, Some(PASS));
+        match self.task {
+            None => r.header("x-narad-test-now", self.clock.now_ms()),
+            Some(_) => r,
+        }
     }
 
     /// Creates a topic with `settings` (a JSON object), asserting 201.

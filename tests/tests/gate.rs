@@ -15,16 +15,12 @@ use narad_shared::config::BrokerOptions;
 use narad_shared::error::BrokerError;
 use narad_shared::store::DynStore;
 use narad_shared::stored;
-use narad_tests::{Options, Server, TestClock};
+use narad_tests::{now_ms, Options, Server, TestClock};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 /// The newest fleet level this build runs at.
 const NEWEST: u32 = narad_shared::formats::Level::NEWEST.0;
-
-fn now_ms() -> u64 {
-    narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock)
-}
 
 /// A process record lifetime short enough to watch renewals (one a second).
 fn quick() -> Options {

@@ -151,7 +151,7 @@ async fn narad_repair_reports_then_rebuilds_a_corrupt_partition() {
     let store = narad_shared::store::open(&url).await.unwrap();
     // The narad command runs on the wall clock, so the server does too: a fixed start
     // would fall out of retention as the calendar passes it.
-    let now = narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock);
+    let now = narad_tests::now_ms();
     let s = Server::start_on(
         store.clone(),
         dir,

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use narad_shared::store::DynStore;
-use narad_tests::{Options, Server, TestClock};
+use narad_tests::{now_ms, Options, Server, TestClock};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -190,12 +190,6 @@ async fn snapshot(store: &DynStore, prefix: &str) -> Vec<(String, bytes::Bytes)>
 /// A second process on `s`'s store, with nothing cached.
 async fn fresh(s: &Server, clock: TestClock) -> Server {
     Server::start_on(s.store.clone(), None, Options::default(), clock).await
-}
-
-/// The wall clock: the narad command these tests run reads it, so their servers start
-/// at it too (a fixed start would fall out of retention as the calendar passes it).
-fn now_ms() -> u64 {
-    narad_shared::clock::Clock::now_ms(&narad_shared::clock::SystemClock)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
