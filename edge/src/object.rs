@@ -49,7 +49,15 @@ pub struct Narad {
     #[cfg(feature = "test-hooks")]
     clock: narad_shared::clock::ManualClock,
     /// The router over this object's broker, built by its first request that succeeds.
-    app: OnceCell<axum::Router>,
+    app: OnceCell<Served>,
+}
+
+/// What an object serves with, once started.
+struct Served {
+    app: axum::Router,
+    /// The largest body read whole before the router sees the request (the server's
+    /// `max_body_buffer`, docs/configuration.md).
+    max_body: usize,
 }
 
 impl std::fmt::Debug for Narad {
@@ -77,17 +85,38 @@ impl DurableObject for Narad {
         let clock: Arc<dyn narad_shared::clock::Clock> = Arc::new(self.clock.clone());
         #[cfg(not(feature = "test-hooks"))]
         let clock: Arc<dyn narad_shared::clock::Clock> = Arc::new(narad_shared::clock::SystemClock);
-        let app = self
+        let served = self
             .app
             .get_or_try_init(|| start(&self.env, clock))
             .await
             .map_err(worker::Error::RustError)?;
-        let mut req = HttpRequest::try_from(req)?;
+        let req = HttpRequest::try_from(req)?;
+        let (mut parts, body) = req.into_parts();
         // The failed-login throttle counts per client: the address Cloudflare saw.
-        if let Some(ip) = client_ip(&req) {
-            req.extensions_mut().insert(ClientAddr(ip));
+        if let Some(ip) = client_ip(&parts.headers) {
+            parts.extensions.insert(ClientAddr(ip));
         }
-        let res = app.clone().call(req).await?;
+        // A body of a stated length is read whole first: the router may answer before it
+        // reads the body (a 400 for a bad query), and an answer sent while the client is
+        // still sending breaks the request on its way in (under wrangler dev, a 503 "Your
+        // worker restarted mid-request"). Bodies of no stated length, or longer than the
+        // server reads, go through as a stream, for the router to refuse.
+        let stated = parts
+            .headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let body = match stated {
+            Some(n) if n <= served.max_body => {
+                let bytes = axum::body::to_bytes(axum::body::Body::new(body), n)
+                    .await
+                    .map_err(|e| worker::Error::RustError(format!("reading the body: {e}")))?;
+                axum::body::Body::from(bytes)
+            }
+            _ => axum::body::Body::new(body),
+        };
+        let req = axum::http::Request::from_parts(parts, body);
+        let res = served.app.clone().call(req).await?;
         Response::try_from(res)
     }
 }
@@ -97,10 +126,7 @@ impl DurableObject for Narad {
 /// `narad_shared::config`).
 ///
 /// Errors: a message naming what is missing or wrong (a variable, the binding, the store).
-async fn start(
-    env: &Env,
-    clock: Arc<dyn narad_shared::clock::Clock>,
-) -> Result<axum::Router, String> {
+async fn start(env: &Env, clock: Arc<dyn narad_shared::clock::Clock>) -> Result<Served, String> {
     let var = |name: &str| env.var(name).ok().map(|v| v.to_string());
     let cfg = Config::from_lookup(var).map_err(|e| e.to_string())?;
     let users = Users::from_config(&cfg)
@@ -134,11 +160,14 @@ async fn start(
     )
     .await
     .map_err(|e| format!("cannot start on {described}: {e}"))?;
-    Ok(http::router(Arc::new(broker), users, &cfg.http))
+    Ok(Served {
+        app: http::router(Arc::new(broker), users, &cfg.http),
+        max_body: cfg.http.max_body_buffer,
+    })
 }
 
 /// The client's address, from Cloudflare's `CF-Connecting-IP` header.
-fn client_ip(req: &HttpRequest) -> Option<std::net::IpAddr> {
-    let value = req.headers().get(CLIENT_IP_HEADER)?.to_str().ok()?;
+fn client_ip(headers: &axum::http::HeaderMap) -> Option<std::net::IpAddr> {
+    let value = headers.get(CLIENT_IP_HEADER)?.to_str().ok()?;
     value.trim().parse().ok()
 }

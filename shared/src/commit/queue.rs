@@ -181,9 +181,11 @@ impl Committer {
             // On a store that paces writes of a key (R2's one a second), the batch is
             // taken when its write may go, so that what arrives until then rides in it
             // (taken earlier, the batch would wait in the store while the rest queued for
-            // the write after it).
+            // the write after it). With nothing queued the loop ends at once instead: a
+            // queue that waits for its slot with nothing to write would look busy, and
+            // sticky cursors would stay on it (broker/sticky.rs).
             let wait = self.store.write_wait(q.key());
-            if !wait.is_zero() {
+            if !wait.is_zero() && !lock(q.state()).pending.is_empty() {
                 crate::runtime::sleep(wait).await;
             }
             let (ops, with, held) = {
