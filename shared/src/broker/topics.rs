@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use super::topic_cache::{Lookup, Refresh};
+use super::topic_cache::{Load, Lookup, Refresh};
 use super::Broker;
 use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
 use crate::dispatch::Kind;
@@ -90,7 +90,20 @@ impl Broker {
                 self.refresh_topic(name, refresh);
                 Ok(t)
             }
-            Lookup::Missing => self.load_topic(name).await,
+            Lookup::Missing => match self.topics.join_load(name) {
+                Load::Lead(_turn) => self.load_topic(name).await,
+                follow => {
+                    follow.wait().await;
+                    match self.topics.lookup(name) {
+                        Lookup::Fresh(t) => Ok(t),
+                        Lookup::Aging(t, refresh) => {
+                            self.refresh_topic(name, refresh);
+                            Ok(t)
+                        }
+                        Lookup::Missing => self.load_topic(name).await,
+                    }
+                }
+            },
         }
     }
 
