@@ -84,26 +84,31 @@ impl Broker {
     pub async fn topic(&self, name: &str) -> BrokerResult<Topic> {
         keys::validate_topic(name)?;
         self.gate.check()?;
+        if let Some(t) = self.cached_topic(name) {
+            return Ok(t);
+        }
+        match self.topics.join_load(name) {
+            Load::Lead(_turn) => self.load_topic(name).await,
+            follow => {
+                follow.wait().await;
+                match self.cached_topic(name) {
+                    Some(t) => Ok(t),
+                    None => self.load_topic(name).await,
+                }
+            }
+        }
+    }
+
+    /// The cached topic, if fresh; one past half its period is also read again in the
+    /// background.
+    fn cached_topic(&self, name: &str) -> Option<Topic> {
         match self.topics.lookup(name) {
-            Lookup::Fresh(t) => Ok(t),
+            Lookup::Fresh(t) => Some(t),
             Lookup::Aging(t, refresh) => {
                 self.refresh_topic(name, refresh);
-                Ok(t)
+                Some(t)
             }
-            Lookup::Missing => match self.topics.join_load(name) {
-                Load::Lead(_turn) => self.load_topic(name).await,
-                follow => {
-                    follow.wait().await;
-                    match self.topics.lookup(name) {
-                        Lookup::Fresh(t) => Ok(t),
-                        Lookup::Aging(t, refresh) => {
-                            self.refresh_topic(name, refresh);
-                            Ok(t)
-                        }
-                        Lookup::Missing => self.load_topic(name).await,
-                    }
-                }
-            },
+            Lookup::Missing => None,
         }
     }
 
