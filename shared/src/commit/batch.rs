@@ -17,7 +17,8 @@ use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
 use super::listing::Listed;
 use super::ordering;
-use super::produces::{combinable, Produces};
+use super::produces::{combinable, EarlySegment, Produces};
+use super::queue::Onward;
 use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
@@ -66,6 +67,18 @@ struct BatchCommit<'a> {
     /// Why the last `prepare` found the topic record not the one the batch was made for
     /// (it confirms the record before a write that creates the manifest).
     topic_refused: Option<BrokerError>,
+    /// Fired once the first attempt is past its segment write: the drain may take the
+    /// next batch ahead ([`super::queue`]).
+    onward: Onward,
+}
+
+/// What a batch taken ahead brings to its first commit ([`super::queue`]): the segment it
+/// wrote while the batch before it committed, and the word the drain waits for before it
+/// takes the next batch ahead. The default: nothing written, nobody waiting.
+#[derive(Default)]
+pub(super) struct Turn {
+    pub early: Option<EarlySegment>,
+    pub onward: Onward,
 }
 
 /// Races an ordinary batch that may combine loses before it turns to combining: a process
@@ -140,20 +153,19 @@ pub(super) enum Committed {
 
 impl<'a> BatchCommit<'a> {
     /// The change committing `work` for `q`, landing other processes' writes when
-    /// `combining` (those `head` listed, or listed afresh).
+    /// `combining` (those `head` listed, or listed afresh), from what `turn` brings.
     fn new(
-        c: &'a Committer,
-        q: &'a Queue,
+        (c, q): (&'a Committer, &'a Queue),
         work: Work,
-        combining: bool,
-        head: Option<Ready>,
+        (combining, head): (bool, Option<Ready>),
         may_switch: bool,
+        turn: Turn,
     ) -> Self {
         let Work {
             mut batch, topic, ..
         } = work;
         let (produces, landing) = match head {
-            None => (Produces::default(), Landing::new(combining)),
+            None => (Produces::early(turn.early), Landing::new(combining)),
             Some(h) => {
                 if !h.own.intents.is_empty() {
                     // The batch's settles and leases are intents now: applied as listed
@@ -183,6 +195,7 @@ impl<'a> BatchCommit<'a> {
             may_switch: may_switch && !combining,
             switching: false,
             topic_refused: None,
+            onward: turn.onward,
         }
     }
 
@@ -255,6 +268,7 @@ impl Change<Manifest> for BatchCommit<'_> {
             .produces
             .prepare(c, q, work, state, self.now, combining)
             .await;
+        self.onward.fire();
         let intents_decided = self.landing.check_own_intents(c, q, state).await;
         let progress = Progress {
             produces: !self.batch.produces.is_empty(),
@@ -372,19 +386,24 @@ async fn confirm_first(
 }
 
 impl Committer {
-    /// Runs one batch; returns the manifest snapshot to cache for the next one.
+    /// Runs one batch, from what `turn` brings when it was taken ahead; returns the
+    /// manifest snapshot to cache for the next one. A batch whose segment was written
+    /// ahead (an ordinary one) goes the ordinary way first, whatever the contention: it
+    /// turns to combining after lost races as any ordinary batch does, deleting that
+    /// segment first ([`Committer::commit`]).
     pub(super) async fn run_batch(
         &self,
         q: &Queue,
         pending: Vec<Pending>,
         mut cache: Option<Snapshot<Manifest>>,
+        mut turn: Turn,
     ) -> Option<Snapshot<Manifest>> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (batch, replies, topic) = split(pending);
         // (Sweeps after it commit under its rules: the drain told the role, `queue.rs`.)
         let contended = lock(&q.state).role.contended(crate::runtime::now());
         let held = cache.as_ref().map(|s| &s.value);
-        let combining = contended && self.combines(&batch, held);
+        let combining = turn.early.is_none() && contended && self.combines(&batch, held);
         let mut work = Work {
             batch,
             replies,
@@ -407,7 +426,9 @@ impl Committer {
                 }
             };
             let may_switch = next == Next::Ordinary;
-            match self.commit(q, work, c, combining, head, may_switch).await {
+            let first = std::mem::take(&mut turn);
+            let committed = self.commit(q, work, c, (combining, head), may_switch, first);
+            match committed.await {
                 Committed::Done(snap, _) => return snap,
                 Committed::Switched(w, segment) => {
                     lock(&q.state).role.mark_contended(crate::runtime::now());
@@ -497,20 +518,20 @@ impl Committer {
     /// ordinary batch that `may_switch` and could combine turns to combining after
     /// [`SWITCH_AFTER`] lost races, and an ordinary batch of a process that keeps winning
     /// at the first try looks for other processes' combining writes beside its write
-    /// ([`super::role::Role::look_due`]).
+    /// ([`super::role::Role::look_due`]). `turn`: what a batch taken ahead brings.
     pub(super) async fn commit(
         &self,
         q: &Queue,
         mut work: Work,
         mut cache: Option<Snapshot<Manifest>>,
-        combining: bool,
-        head: Option<Ready>,
+        (combining, head): (bool, Option<Ready>),
         may_switch: bool,
+        turn: Turn,
     ) -> Committed {
         let replies = std::mem::take(&mut work.replies);
         let held = cache.as_ref().map(|s| &s.value);
         let may_switch = may_switch && self.combines(&work.batch, held);
-        let mut change = BatchCommit::new(self, q, work, combining, head, may_switch);
+        let mut change = BatchCommit::new((self, q), work, (combining, head), may_switch, turn);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
         let confirmed = confirm_first(q, &cell, cache.as_mut()).await;
         let held = cache.as_ref().map(|s| &s.value);

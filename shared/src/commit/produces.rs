@@ -9,8 +9,9 @@
 
 use std::collections::HashMap;
 
-use super::{Committer, Queue, TopicSeen, MAX_SEGMENT_AGE_AT_COMMIT_MS};
-use crate::error::BrokerError;
+use super::write::TopicCheck;
+use super::{Committer, Op, Pending, Queue, TopicSeen, MAX_SEGMENT_AGE_AT_COMMIT_MS};
+use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::{self, Combinable, Status};
@@ -37,6 +38,56 @@ pub(super) struct Produces {
     confirmed: bool,
 }
 
+/// A segment written for a batch taken ahead, before the state it commits to was known
+/// (`commit/queue.rs`): for a plan that holds against any state ([`Plan::stateless`]), or
+/// why the write failed (the batch's produces are then refused, as when the segment write
+/// of a batch's own attempt fails: it may have landed all the same).
+pub(super) struct EarlySegment {
+    plan: Plan,
+    written: BrokerResult<SegmentRef>,
+}
+
+/// Whether `ops` (a batch) have produces and none carries an idempotency key or a delay:
+/// their segment can be written before the state it commits to is known
+/// ([`Committer::write_early`]).
+pub(super) fn writes_early(ops: &[Pending]) -> bool {
+    let mut produces = ops
+        .iter()
+        .filter_map(|p| match &p.op {
+            Op::Produce(msgs, _) => Some(msgs),
+            _ => None,
+        })
+        .flatten()
+        .peekable();
+    produces.peek().is_some() && produces.all(|m| m.idempotency_key.is_none() && m.delay_ms == 0)
+}
+
+impl Committer {
+    /// Writes the segment of `ops` (a batch taken ahead, its produces all
+    /// [`writes_early`]) for the plan that holds against any state; `None` when no plan
+    /// does or no message needs one. An ordinary segment, which only this batch's commit
+    /// lands; the commit confirms the topic record if it is the one to create the
+    /// manifest ([`super::write`]).
+    pub(super) async fn write_early(&self, q: &Queue, ops: &[Pending]) -> Option<EarlySegment> {
+        let produces = || {
+            ops.iter().filter_map(|p| match &p.op {
+                Op::Produce(msgs, _) => Some(msgs.as_slice()),
+                _ => None,
+            })
+        };
+        let plan = Plan::stateless(produces())?;
+        if !plan.needs_segment() {
+            return None;
+        }
+        let messages = produces().flatten().map(|m| m.message.clone()).collect();
+        let topic = &ops.first()?.topic;
+        let written = self
+            .write_segment(q, topic, messages, None, TopicCheck::NotNeeded)
+            .await;
+        Some(EarlySegment { plan, written })
+    }
+}
+
 /// Whether `batch` has produces and none carries an idempotency key or a delay: its
 /// segment can be committed by any process ([`crate::partition::combine`]), which knows
 /// nothing but the segment.
@@ -56,6 +107,24 @@ impl Produces {
         Self {
             segment,
             written_for,
+            ..Self::default()
+        }
+    }
+
+    /// Produces whose segment was written (or failed) while the batch waited for its
+    /// turn ([`EarlySegment`]); none: nothing written yet.
+    pub(super) fn early(early: Option<EarlySegment>) -> Self {
+        let Some(EarlySegment { plan, written }) = early else {
+            return Self::default();
+        };
+        let (segment, refused) = match written {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e)),
+        };
+        Self {
+            segment,
+            refused,
+            written_for: Some(plan),
             ..Self::default()
         }
     }

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::batch::{Committed, Work};
+use super::batch::{Committed, Turn, Work};
 use super::combine::Ready;
 use super::replies::Replies;
 use super::wait::Own;
@@ -46,7 +46,14 @@ impl Committer {
             replies: Replies::default(),
             topic: TopicSeen { etag, fresh: false },
         };
-        let committed = self.commit(q, work, Some(snap), true, Some(ready), false);
+        let committed = self.commit(
+            q,
+            work,
+            Some(snap),
+            (true, Some(ready)),
+            false,
+            Turn::default(),
+        );
         let (cache, landed) = match committed.await {
             Committed::Done(cache, landed) => (cache, landed),
             // A combining commit never switches.

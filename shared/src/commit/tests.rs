@@ -563,3 +563,44 @@ async fn a_segment_older_than_the_segment_age_is_never_committed() {
     assert_eq!(written.len(), 1, "its segment was written: {written:?}");
     assert!(m.segments.iter().all(|s| s.id != written[0]));
 }
+
+/// A produce that arrives while a commit is in flight is taken ahead: its segment is
+/// written beside that commit's manifest write, and its own manifest write starts the
+/// moment that one lands (`commit/queue.rs`). Behind a store that answers in 20 ms it is
+/// answered one manifest write after the first, not a segment write and a manifest write
+/// after, and in order.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_produce_arriving_during_a_commit_starts_its_own_before_that_commit_answers() {
+    const RTT: Duration = Duration::from_millis(20);
+    let w = world().await;
+    let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
+    let p = process(&w, Arc::new(store));
+    // The manifest exists and this process holds it.
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let before = segment_ids(&w).await;
+    let produce = |p: &Arc<Committer>| {
+        let (p, t, m) = (p.clone(), w.topic.clone(), message(&w));
+        tokio::spawn(async move { p.produce(&t, 0, m).await })
+    };
+    let start = tokio::time::Instant::now();
+    let first = produce(&p);
+    // The first batch is writing its segment.
+    tokio::time::sleep(RTT / 4).await;
+    let second = produce(&p);
+    let a = first.await.unwrap().unwrap();
+    let first_at = start.elapsed();
+    assert_eq!(
+        segment_ids(&w).await.len(),
+        before.len() + 2,
+        "the second produce's segment was written before the first was answered"
+    );
+    let b = second.await.unwrap().unwrap();
+    let second_at = start.elapsed();
+    assert_eq!(b[0], a[0] + 1, "in order");
+    assert!(
+        second_at - first_at < RTT + RTT / 2,
+        "answered {:?} after the first: one manifest write",
+        second_at - first_at
+    );
+    assert_eq!(manifest(&w).await.next_offset, b[0] + 1);
+}

@@ -107,6 +107,29 @@ impl Plan {
         Self { slots }
     }
 
+    /// The plan of `produces` when none carries an idempotency key or a delay: every
+    /// message new, in order, which is what [`Plan::new`] gives against any manifest, so a
+    /// segment can be written for it before the state it commits to is known (a batch
+    /// taken ahead, `commit/queue.rs`). `None` when some message has a key or a delay.
+    pub(crate) fn stateless<'a>(
+        produces: impl IntoIterator<Item = &'a [NewStored]>,
+    ) -> Option<Self> {
+        let mut n = 0;
+        let mut slots = Vec::new();
+        for msgs in produces {
+            let mut row = Vec::with_capacity(msgs.len());
+            for m in msgs {
+                if m.idempotency_key.is_some() || m.delay_ms > 0 {
+                    return None;
+                }
+                row.push(Slot::New(n));
+                n += 1;
+            }
+            slots.push(row);
+        }
+        Some(Self { slots })
+    }
+
     /// A plan under which no produce can be made (every one is answered with the
     /// batch's refusal): for when the remembered keys could not be read.
     pub(crate) fn refused(produces: &[Vec<NewStored>]) -> Self {
@@ -218,6 +241,29 @@ mod tests {
             idempotency_key: key.map(str::to_owned),
             delay_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_stateless_plan_is_the_plan_against_any_manifest() {
+        let produces = vec![vec![msg(None), msg(None)], vec![msg(None)]];
+        let plan =
+            Plan::stateless(produces.iter().map(Vec::as_slice)).expect("keyless and undelayed");
+        // A manifest with messages, and one whose delayed runs are full.
+        let mut full = manifest_with(4);
+        for i in 0..MAX_DELAYED_RUNS as u64 {
+            full.delayed.push(super::super::delay::Delayed {
+                from: i,
+                to: i + 1,
+                until_ms: u64::MAX,
+            });
+        }
+        for m in [manifest_with(2), full] {
+            assert_eq!(Plan::new(&produces, &m, 5, &none), plan);
+        }
+        assert_eq!(plan.new_messages(&produces).len(), 3);
+        // A key or a delay makes the plan depend on the state.
+        assert!(Plan::stateless([&[msg(None), msg(Some("k"))][..]]).is_none());
+        assert!(Plan::stateless([&[delayed(10)][..]]).is_none());
     }
 
     fn delayed(ms: u64) -> NewStored {

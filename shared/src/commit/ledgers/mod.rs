@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use super::listing::Ahead;
 use super::queue::Place;
-use super::queue::{Drained, QueueState};
+use super::queue::{Drained, Onward, QueueState};
 use super::replies::Answer;
 use super::{lock, Committer, Object, Op};
 use crate::error::BrokerError;
@@ -181,6 +181,8 @@ impl Drained for LedgerQueue {
     type Held = Known;
     type Ahead = Ahead;
     type More = LedgerMore;
+    /// A ledger's batch writes nothing before its commit: never taken ahead.
+    type Early = ();
 
     fn state(&self) -> &Mutex<QueueState<Self>> {
         &self.state
@@ -209,12 +211,19 @@ impl Drained for LedgerQueue {
         q: &Arc<Self>,
         batch: Vec<Self::Op>,
         (rules, known): (Rules, Known),
+        _: (Option<()>, Onward),
     ) -> Known {
         if batch.is_empty() {
             c.stats.sweeps.fetch_add(1, Ordering::Relaxed);
         }
         q.run_batch(c, (batch, rules), known).await
     }
+
+    fn takes_ahead(_: &Committer, _: &QueueState<Self>, _: usize) -> bool {
+        false
+    }
+
+    async fn early(_: &Arc<Committer>, _: &Arc<Self>, _: &[Self::Op]) {}
 
     fn keep(st: &mut QueueState<Self>, known: Known) {
         st.more.quiet = known.quiet.clone();
