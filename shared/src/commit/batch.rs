@@ -13,6 +13,8 @@ use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
 use super::listing::Listed;
@@ -634,8 +636,8 @@ impl Committer {
     }
 
     /// After `change` landed as `state` (or found nothing to write): counts, answers
-    /// every caller, deletes what retention dropped, starts its checkpoint (the queue's
-    /// [`super::chore`]) and wakes idle consumers.
+    /// every caller, starts the deletes of what retention dropped and its checkpoint (the
+    /// queue's [`super::chore`]) and wakes idle consumers.
     /// Returns how many of other processes' writes the commit landed.
     async fn finish(
         &self,
@@ -675,9 +677,26 @@ impl Committer {
         } else {
             replies.answer_own(applied, refused, own, state);
         }
-        self.delete_expired(q, dropped, chunks).await;
-        if let Some(expired) = state.wants_checkpoint().filter(|_| change.wrote) {
-            self.write_checkpoint(q, state, expired).await;
+        // What retention dropped and the checkpoint, beside the next commit (the queue's
+        // chore, which that commit waits for before it answers), not before it.
+        let deletes = self.expired_deletes(q, dropped, chunks);
+        let checkpoint = (state.wants_checkpoint().filter(|_| change.wrote))
+            .and_then(|expired| self.checkpoint_write(q, state, expired));
+        if deletes.is_some() || checkpoint.is_some() {
+            let chore = async move {
+                let deletes = async move {
+                    if let Some(d) = deletes {
+                        d.await
+                    }
+                };
+                let checkpoint = async move {
+                    if let Some(c) = checkpoint {
+                        c.await
+                    }
+                };
+                futures::join!(deletes, checkpoint);
+            };
+            q.chore.start(&self.tasks, chore.in_current_span()).await;
         }
         if wake {
             self.wakers.wake(&q.topic);

@@ -1,6 +1,7 @@
 //! A queue's chore: the storage writes a commit leaves behind once its callers are
-//! answered (its checkpoint and the delete of the one before the previous), run in the
-//! background beside the queue's next commit instead of in series before it.
+//! answered (its checkpoint and the delete of the one before the previous, the deletes of
+//! what retention dropped), run in the background beside the queue's next commit instead
+//! of in series before it.
 //!
 //! One chore per queue at a time: starting one first waits for the last. The next batch
 //! waits for it before it answers ([`Chore::done`]), so a write answered after another

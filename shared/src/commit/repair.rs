@@ -2,7 +2,7 @@
 //! §7): repair it by itself when a commit finds it corrupt, or on demand for
 //! `narad repair`; and the checkpoints its commits leave.
 
-use tracing::Instrument;
+use std::future::Future;
 
 use crate::cas::{Cell, Snapshot, Stored};
 use crate::error::{BrokerError, BrokerResult};
@@ -64,21 +64,27 @@ impl Committer {
         Ok(cell.read::<BrokerError>().await?)
     }
 
-    /// Writes the checkpoint `m` asked for and deletes checkpoint `expired` (0: none), as
-    /// the queue's [`super::chore`]: in the background, after the last one. A failure is
-    /// logged and otherwise ignored: the next checkpoint comes soon.
-    pub(super) async fn write_checkpoint(&self, q: &Queue, m: &Manifest, expired: u64) {
+    /// The write of the checkpoint `m` asked for and the delete of checkpoint `expired`
+    /// (0: none), for the queue's [`super::chore`]; `None` when `m` does not encode (a
+    /// bug, logged). A failure is logged and otherwise ignored: the next checkpoint comes
+    /// soon.
+    pub(super) fn checkpoint_write(
+        &self,
+        q: &Queue,
+        m: &Manifest,
+        expired: u64,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
         let key = keys::checkpoint(&q.topic, q.partition, m.version);
         let body = match m.encode() {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(%key, error = %e, "cannot encode a checkpoint (a bug)");
-                return;
+                return None;
             }
         };
         let old = (expired > 0).then(|| keys::checkpoint(&q.topic, q.partition, expired));
         let store = self.store.clone();
-        let write = async move {
+        Some(async move {
             if let Err(e) = store.put_if_absent(&key, body).await {
                 tracing::debug!(%key, error = %e, "checkpoint not written");
                 return;
@@ -88,7 +94,6 @@ impl Committer {
                     tracing::debug!(key = %old, error = %e, "old checkpoint not deleted");
                 }
             }
-        };
-        q.chore.start(&self.tasks, write.in_current_span()).await;
+        })
     }
 }

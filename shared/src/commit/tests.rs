@@ -604,3 +604,31 @@ async fn a_produce_arriving_during_a_commit_starts_its_own_before_that_commit_an
     );
     assert_eq!(manifest(&w).await.next_offset, b[0] + 1);
 }
+
+/// A commit whose retention drops segments deletes them beside the next commit (the
+/// queue's chore), a few at a time, not one after another before it: behind a store that
+/// answers in 20 ms, ten dropped segments held the next produce for ten round trips.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_deletes_of_what_retention_dropped_do_not_hold_the_next_commit() {
+    const RTT: Duration = Duration::from_millis(20);
+    let mut w = world().await;
+    w.topic.settings.retention_ms = 60_000;
+    let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
+    let p = process(&w, Arc::new(store));
+    for _ in 0..10 {
+        p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    }
+    let old = segment_ids(&w).await;
+    assert_eq!(old.len(), 10);
+    w.clock.advance(61_000);
+    // This produce's commit drops the ten; the next one is answered a segment write and a
+    // manifest write later (waiting for the deletes, two rounds of eight, beside them).
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let start = tokio::time::Instant::now();
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let took = start.elapsed();
+    assert!(took < RTT * 3, "the next produce took {took:?}");
+    let left = segment_ids(&w).await;
+    assert!(old.iter().all(|id| !left.contains(id)), "deleted: {left:?}");
+    assert_eq!(manifest(&w).await.start_offset, 10);
+}
