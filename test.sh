@@ -53,6 +53,10 @@ step() {
 # One compilation per profile: every cargo call selects the whole workspace, so features
 # unify the same way each time and nothing is built twice.
 tests() { cargo test --workspace --no-fail-fast "$@" 2>&1 | tee -a "$results"; }
+# Every step after the file store's runs the suite again against another store or server;
+# tests that make their own stores (the seeded fault runs, combining brokers, lost answers:
+# tests/src/lib.rs, `skip_in_repeat`) test the same thing there and run in the first only.
+tests_again() { NARAD_TEST_REPEAT=1 tests "$@"; }
 
 export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
 # Never let the AWS SDK look for instance metadata on this machine.
@@ -94,7 +98,7 @@ step "build (workspace, all targets)" "5 s warm; 11 min cold" cargo build --work
 step "the previous build (main at c3661c8, for tests/tests/mixed_fleet.rs)" "1 s warm; 8 min cold" \
     tests/previous-build.sh
 file_suite() { NARAD_TEST_S3="s3://narad-test/$run_id/conformance" tests; }
-s3_suite() { NARAD_TEST_STORE="s3://narad-test/$run_id/http" tests; }
+s3_suite() { NARAD_TEST_STORE="s3://narad-test/$run_id/http" tests_again; }
 step "unit tests, store conformance (file, memory, S3), HTTP suite on the file store" "1 min" file_suite
 step "the same tests with the HTTP suite on S3 (LocalStack)" "70 s" s3_suite
 # Conformance (with 40 rounds of racing conditional writes) and the whole HTTP suite, on
@@ -103,7 +107,7 @@ seaweedfs_suite() {
     local base="s3://narad-test/$run_id/seaweedfs"
     AWS_ENDPOINT_URL="http://127.0.0.1:$sw_port" AWS_ACCESS_KEY_ID="$sw_key" \
         AWS_SECRET_ACCESS_KEY="$sw_secret" NARAD_TEST_S3="$base/conformance" \
-        NARAD_TEST_STORE="$base/http" tests
+        NARAD_TEST_STORE="$base/http" tests_again
 }
 step "the same tests with conformance and the HTTP suite on SeaweedFS" "6 min (3 of them the races)" seaweedfs_suite
 # Three `narad serve` processes on LocalStack, then on SeaweedFS, through a seeded fault proxy
@@ -172,7 +176,7 @@ ENV
     local rc=0
     NARAD_TEST_URL="http://127.0.0.1:$LAMBDA_PORT/lambda-url/narad-api" NARAD_TEST_STORE="$store" \
         NARAD_TEST_CLOCK_FILE="$lambda_dir/clock" NARAD_TEST_SERVER_ENV="$lambda_dir/function.env" \
-        NARAD_TEST_SKIPS="$lambda_dir/skips" tests -- --test-threads=1 || rc=1
+        NARAD_TEST_SKIPS="$lambda_dir/skips" tests_again -- --test-threads=1 || rc=1
     printf 'tests that skipped themselves against the Lambda function: %d\n' \
         "$(cat "$lambda_dir/skips" 2>/dev/null | wc -l)"
     functions/lambda-watch.sh stop
@@ -207,7 +211,7 @@ ENV
     local rc=0 url="http://127.0.0.1:$EDGE_PORT"
     NARAD_TEST_URL="$url" NARAD_TEST_STORE="worker+$url" \
         NARAD_TEST_CLOCK_FILE="$edge_dir/clock" NARAD_TEST_SERVER_ENV="$edge_dir/worker.env" \
-        NARAD_TEST_SKIPS="$edge_dir/skips" tests -- --test-threads=1 || rc=1
+        NARAD_TEST_SKIPS="$edge_dir/skips" tests_again -- --test-threads=1 || rc=1
     printf 'tests that skipped themselves against the Worker: %d; against the Lambda function: %d\n' \
         "$(cat "$edge_dir/skips" 2>/dev/null | wc -l)" "$(cat "$lambda_dir/skips" 2>/dev/null | wc -l)"
     edge/dev.sh stop

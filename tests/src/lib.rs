@@ -115,6 +115,20 @@ pub fn skip_in_external_mode(needs: &str) -> bool {
     }
 }
 
+/// In a repeat of the suite against another store or server (`NARAD_TEST_REPEAT`, which
+/// test.sh sets in every step after the file store's), prints `skipped in a repeat: …`
+/// and returns true: the caller, a test that makes its own stores and servers (`uses`)
+/// and so tests the same thing whatever the run's store, ran in the first step and returns
+/// at once. Not counted with the external-mode skips (`NARAD_TEST_SKIPS`). Outside a
+/// repeat, returns false.
+pub fn skip_in_repeat(uses: &str) -> bool {
+    let repeat = std::env::var_os("NARAD_TEST_REPEAT").is_some_and(|v| !v.is_empty());
+    if repeat {
+        println!("skipped in a repeat: uses {uses}, not the run's store");
+    }
+    repeat
+}
+
 /// The Worker's base URL, when tests run in external mode against a Worker with its test
 /// hooks (`NARAD_TEST_STORE=worker+…`, edge/src/hooks.rs).
 pub fn worker_url() -> Option<String> {

@@ -148,6 +148,9 @@ async fn run(store: DynStore, faulty: Option<&Arc<FaultStore>>) -> (usize, usize
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn brokers_producing_at_once_share_commits_and_lose_nothing() {
+    if narad_tests::skip_in_repeat("brokers on a memory store of their own") {
+        return;
+    }
     // A little latency per request, as a remote store has, so that requests overlap.
     let store: DynStore = Arc::new(LatencyStore::new(
         Arc::new(MemoryStore::new()),
@@ -168,6 +171,9 @@ async fn brokers_producing_at_once_share_commits_and_lose_nothing() {
 /// another's, and that is a failed write like any other: nothing is lost or stored twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn brokers_producing_at_once_behind_a_per_key_write_limit_lose_nothing() {
+    if narad_tests::skip_in_repeat("brokers on a memory store of their own") {
+        return;
+    }
     let limited = Arc::new(narad_shared::store::keyrate::KeyRateStore::new(
         Arc::new(LatencyStore::new(
             Arc::new(MemoryStore::new()),
@@ -192,6 +198,9 @@ async fn brokers_producing_at_once_behind_a_per_key_write_limit_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn brokers_producing_at_once_under_faults_lose_nothing_and_duplicate_nothing() {
+    if narad_tests::skip_in_repeat("brokers on a memory store of their own") {
+        return;
+    }
     for seed in 0..4u64 {
         let faulty = FaultStore::new(Arc::new(MemoryStore::new()), FaultPlan::default(), seed);
         let store: DynStore = faulty.clone();
@@ -208,6 +217,9 @@ async fn brokers_producing_at_once_under_faults_lose_nothing_and_duplicate_nothi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn brokers_consuming_one_subscription_at_once_combine_its_ledger_and_lose_nothing() {
+    if narad_tests::skip_in_repeat("brokers on a memory store of their own") {
+        return;
+    }
     const TOTAL: usize = BROKERS * EACH;
     let store: DynStore = Arc::new(LatencyStore::new(
         Arc::new(MemoryStore::new()),
