@@ -13,6 +13,7 @@ use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures::future::OptionFuture;
 use tracing::Instrument;
 
 use super::combine::{Head, Ready};
@@ -683,17 +684,9 @@ impl Committer {
         let checkpoint = (state.wants_checkpoint().filter(|_| change.wrote))
             .and_then(|expired| self.checkpoint_write(q, state, expired));
         if deletes.is_some() || checkpoint.is_some() {
+            let (deletes, checkpoint) =
+                (OptionFuture::from(deletes), OptionFuture::from(checkpoint));
             let chore = async move {
-                let deletes = async move {
-                    if let Some(d) = deletes {
-                        d.await
-                    }
-                };
-                let checkpoint = async move {
-                    if let Some(c) = checkpoint {
-                        c.await
-                    }
-                };
                 futures::join!(deletes, checkpoint);
             };
             q.chore.start(&self.tasks, chore.in_current_span()).await;

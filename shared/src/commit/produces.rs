@@ -16,7 +16,7 @@ use crate::keys;
 use crate::partition::batch::Batch;
 use crate::partition::combine::{self, Combinable, Status};
 use crate::partition::intent::Decides;
-use crate::partition::produce::Plan;
+use crate::partition::produce::{NewStored, Plan};
 use crate::partition::{Manifest, SegmentRef};
 
 /// One batch's produces (see the module documentation).
@@ -59,7 +59,7 @@ pub(super) fn writes_early(ops: &[Pending]) -> bool {
         })
         .flatten()
         .peekable();
-    produces.peek().is_some() && produces.all(|m| m.idempotency_key.is_none() && m.delay_ms == 0)
+    produces.peek().is_some() && produces.all(NewStored::stateless)
 }
 
 impl Committer {
@@ -92,12 +92,7 @@ impl Committer {
 /// segment can be committed by any process ([`crate::partition::combine`]), which knows
 /// nothing but the segment.
 pub(super) fn combinable(batch: &Batch) -> bool {
-    !batch.produces.is_empty()
-        && batch
-            .produces
-            .iter()
-            .flatten()
-            .all(|m| m.idempotency_key.is_none() && m.delay_ms == 0)
+    !batch.produces.is_empty() && batch.produces.iter().flatten().all(NewStored::stateless)
 }
 
 impl Produces {

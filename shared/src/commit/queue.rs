@@ -63,8 +63,8 @@ pub(super) trait Drained: Send + Sync + Sized + 'static {
 
     /// Runs `ops` as one batch (none: a sweep under `with`), starting from `held`, with
     /// what it did while taken ahead (`early`); answers every caller, and returns what
-    /// the next batch starts from. It fires `ready` once past the writes it makes before
-    /// its commit (dropped unfired: the next batch is not taken ahead of it).
+    /// the next batch starts from. It fires the [`Onward`] once past the writes it makes
+    /// before its commit (dropped unfired: the next batch is not taken ahead of it).
     fn run(
         c: &Arc<Committer>,
         q: &Arc<Self>,
@@ -312,7 +312,7 @@ impl Committer {
     ) -> (Q::Held, Option<Taken<Q>>) {
         let mut run = pin!(run);
         let taking = pin!(self.take_early(&**q, readied));
-        // `take_ahead` takes its operations and returns in one step: dropped unfinished
+        // `take_early` takes its operations and returns in one step: dropped unfinished
         // (the batch ended first), it took none.
         match select(run.as_mut(), taking).await {
             Either::Left((held, _)) => (held, None),

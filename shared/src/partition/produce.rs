@@ -28,6 +28,15 @@ pub(crate) struct NewStored {
     pub delay_ms: u64,
 }
 
+impl NewStored {
+    /// Without an idempotency key or a delay: new whatever the partition's state, so its
+    /// plan ([`Plan::stateless`]) and its segment need no state, and any process may land
+    /// that segment (`partition/combine.rs`).
+    pub(crate) fn stateless(&self) -> bool {
+        self.idempotency_key.is_none() && self.delay_ms == 0
+    }
+}
+
 /// Why a produce got no offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unplaced {
@@ -119,7 +128,7 @@ impl Plan {
         for msgs in produces {
             let mut row = Vec::with_capacity(msgs.len());
             for m in msgs {
-                if m.idempotency_key.is_some() || m.delay_ms > 0 {
+                if !m.stateless() {
                     return None;
                 }
                 row.push(Slot::New(n));
