@@ -1,7 +1,9 @@
 //! A queue's chore: the storage writes a commit leaves behind once its callers are
-//! answered (its checkpoint and the delete of the one before the previous, the deletes of
-//! what retention dropped), run in the background beside the queue's next commit instead
-//! of in series before it.
+//! answered (its checkpoint, the deletes of what retention dropped), run in the
+//! background beside the queue's next commit instead of in series before it. The delete
+//! of the checkpoint before the previous one is not part of it: it follows the new
+//! checkpoint as a task of its own (`commit/repair.rs`), so that a commit of one round
+//! trip never waits for two.
 //!
 //! One chore per queue at a time: starting one first waits for the last. The next batch
 //! waits for it before it answers ([`Chore::done`]), so a write answered after another

@@ -5,6 +5,7 @@
 use std::future::Future;
 
 use crate::cas::{Cell, Snapshot, Stored};
+use crate::dispatch::Kind;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::partition::{Manifest, Rules};
@@ -64,8 +65,9 @@ impl Committer {
         Ok(cell.read::<BrokerError>().await?)
     }
 
-    /// The write of the checkpoint `m` asked for and the delete of checkpoint `expired`
-    /// (0: none), for the queue's [`super::chore`]; `None` when `m` does not encode (a
+    /// The write of the checkpoint `m` asked for, for the queue's [`super::chore`], and
+    /// once it landed the delete of checkpoint `expired` (0: none) as a task of its own,
+    /// which nothing waits for; `None` when `m` does not encode (a
     /// bug, logged). A failure is logged and otherwise ignored: the next checkpoint comes
     /// soon.
     pub(super) fn checkpoint_write(
@@ -83,16 +85,22 @@ impl Committer {
             }
         };
         let old = (expired > 0).then(|| keys::checkpoint(&q.topic, q.partition, expired));
-        let store = self.store.clone();
+        let (store, tasks) = (self.store.clone(), self.tasks.clone());
         Some(async move {
             if let Err(e) = store.put_if_absent(&key, body).await {
                 tracing::debug!(%key, error = %e, "checkpoint not written");
                 return;
             }
-            if let Some(old) = old {
+            let Some(old) = old else { return };
+            // Once the new one landed, on its own: no commit waits for this delete (the
+            // chore holds the next commit's answer only until the checkpoint is written).
+            let delete = async move {
                 if let Err(e) = store.delete(&old).await {
                     tracing::debug!(key = %old, error = %e, "old checkpoint not deleted");
                 }
+            };
+            if let Err(delete) = tasks.spawn(Kind::Chore, delete) {
+                delete.await;
             }
         })
     }

@@ -632,3 +632,32 @@ async fn the_deletes_of_what_retention_dropped_do_not_hold_the_next_commit() {
     assert!(old.iter().all(|id| !left.contains(id)), "deleted: {left:?}");
     assert_eq!(manifest(&w).await.start_offset, 10);
 }
+
+/// A checkpoint's chore is its PUT alone: the delete of the checkpoint before the
+/// previous follows as a task of its own, so the next commit, which waits for the chore
+/// before it answers, does not wait a second round trip for it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_next_commit_waits_for_a_checkpoint_write_but_not_for_the_old_ones_delete() {
+    const RTT: Duration = Duration::from_millis(20);
+    let w = world().await;
+    let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
+    let p = process(&w, Arc::new(store));
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let q = idle_queue(&p, &w.topic).await;
+    q.chore.done().await;
+    let prefix = keys::checkpoints_prefix(&w.topic.name, 0);
+    let old = w.store.list(&prefix).await.unwrap();
+    assert_eq!(old.len(), 1, "the first write's checkpoint: {old:?}");
+    let expired = keys::checkpoint_version(&old[0]).unwrap();
+    let mut m = manifest(&w).await;
+    m.version += 1;
+    let chore = p.checkpoint_write(&q, &m, expired).unwrap();
+    let start = tokio::time::Instant::now();
+    chore.await;
+    assert_eq!(start.elapsed(), RTT, "the checkpoint's PUT alone");
+    let written = keys::checkpoint(&w.topic.name, 0, m.version);
+    assert!(w.store.get(&written).await.unwrap().is_some());
+    tokio::time::sleep(RTT * 2).await;
+    let left = w.store.list(&prefix).await.unwrap();
+    assert_eq!(left, vec![written], "the old one deleted");
+}
