@@ -29,7 +29,7 @@ use super::{lock, Committer, Pending, Queue, TopicSeen};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
-use crate::partition::batch::{self, Applied, Batch, Written};
+use crate::partition::batch::{self, Applied, Batch, Beside, Written};
 use crate::partition::combine::Combinable;
 use crate::partition::intent::{self, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
@@ -217,6 +217,7 @@ impl<'a> BatchCommit<'a> {
             intents: self.landing.intents(),
             upkeep: &self.upkeeper.upkeep,
             keys,
+            beside: Beside::default(),
         }
     }
 

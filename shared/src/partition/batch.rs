@@ -20,6 +20,7 @@
 //! [`apply`] is pure: the committer calls it again on every CAS attempt. It answers
 //! [`Decision::Keep`] when nothing changed, so such a batch costs no write.
 
+use super::beside;
 use super::combine::{self, Combinable, Status};
 use super::compact::{self, Swap};
 use super::dedup::{self, Spill};
@@ -154,6 +155,17 @@ pub(crate) struct Written<'a> {
     pub upkeep: &'a Upkeep,
     /// Message keys read for per-key ordering.
     pub keys: &'a Keys,
+    /// What this attempt knows of segments written beside a manifest write.
+    pub beside: Beside<'a>,
+}
+
+/// What an attempt knows of segments written beside a manifest write ([`beside`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Beside<'a> {
+    /// The batch's own segment is being written beside this write: named undecided.
+    pub own: bool,
+    /// Undecided segments whose fate (stored or void) the committer learnt.
+    pub decided: &'a [String],
 }
 
 /// Applies `batch` to `m` at `now`, with what was `written` for it.
@@ -171,6 +183,7 @@ pub(crate) fn apply(
         intents,
         upkeep,
         keys,
+        beside: besides,
     } = written;
     let mut out = Applied {
         dropped: m.apply_retention(now, batch.rules.retention_ms),
@@ -199,7 +212,15 @@ pub(crate) fn apply(
     // Decided by the state the batch starts from: landing segments raises
     // `combined_through`, which must not make a listed intent look passed over.
     let pending = intent::pending(m, intents);
+    // Before leasing: what was decided is leased as any message (the segment found
+    // stored, or delivered as void and settled then).
+    beside::decide(m, besides.decided.iter().map(String::as_str));
     let (base, placed, landed_foreign) = place_segments(m, segment, foreign);
+    if let (true, true, Some(seg)) = (placed, besides.own, segment) {
+        if Combinable::parse(&seg.id).is_none() {
+            beside::name(m, &seg.id);
+        }
+    }
     let base = base.or(found_at);
     out.landed_foreign = landed_foreign;
     out.produced = produce::append(m, now, dedup, &batch.produces, plan, base);
@@ -344,6 +365,16 @@ mod tests {
             .all(|&o| o >= m.frontier && o < m.next_offset));
         assert!(m.leases.keys().all(|o| !m.acked_ahead.contains(o)));
         assert!(
+            m.beside
+                .iter()
+                .all(|id| m.segments.iter().any(|s| s.id == *id)),
+            "undecided segments are hot: {m:?}"
+        );
+        assert!(
+            m.leases.keys().all(|&o| beside::run(m, o).is_none()),
+            "nothing undecided is leased: {m:?}"
+        );
+        assert!(
             m.delayed.windows(2).all(|w| w[0].to <= w[1].from)
                 && m.delayed
                     .iter()
@@ -400,6 +431,10 @@ mod tests {
             }
         });
         m.version += 1;
+        let decided: Vec<String> = match now.is_multiple_of(40) {
+            true => m.beside.iter().cloned().collect(),
+            false => Vec::new(),
+        };
         // The committer's upkeep, with the ids it would write.
         let mut after = m.clone();
         after.apply_retention(now, batch.rules.retention_ms);
@@ -422,6 +457,12 @@ mod tests {
             intents: &[],
             upkeep: &upkeep,
             keys,
+            // Every third step's ordinary segment is written beside the manifest write,
+            // and every fourth (at ten a step) learns the fate of every undecided one.
+            beside: Beside {
+                own: now.is_multiple_of(3),
+                decided: &decided,
+            },
         };
         apply(m, now, batch, written)
     }
@@ -482,6 +523,7 @@ mod tests {
             intents: &[],
             upkeep: &Upkeep::default(),
             keys: &Keys::default(),
+            beside: Beside::default(),
         };
         let a = applied(apply(&mut m, 5, &batch, written));
         assert_eq!(a.produced, vec![Ok(vec![2])]);
@@ -584,6 +626,7 @@ mod tests {
 
     #[test]
     fn random_batches_keep_every_invariant_and_never_double_lease() {
+        let mut undecided_seen = 0;
         for seed in 0..50u64 {
             let mut rng = StdRng::seed_from_u64(seed);
             let mut m = Manifest::empty("i");
@@ -665,6 +708,7 @@ mod tests {
                     handles.push((g.offset, g.lease_id));
                 }
                 check_invariants(&m);
+                undecided_seen += usize::from(!m.beside.is_empty());
                 if r.ordered {
                     // No two unsettled messages of one key with the later one leased: a
                     // grant never overtakes an earlier unsettled message of its key.
@@ -683,6 +727,10 @@ mod tests {
                 );
             }
         }
+        assert!(
+            undecided_seen > 100,
+            "undecided segments: {undecided_seen} steps"
+        );
     }
 
     /// Writers in many processes write combinable segments; commits land whatever each
@@ -726,6 +774,7 @@ mod tests {
                         intents: &[],
                         upkeep: &upkeep,
                         keys: &Keys::default(),
+                        beside: Beside::default(),
                     };
                     m.version += 1;
                     let before = m.clone();
@@ -778,6 +827,7 @@ mod tests {
             intents,
             upkeep: &Upkeep::default(),
             keys: &Keys::default(),
+            beside: Beside::default(),
         };
         applied(apply(m, now, &batch, written))
     }
@@ -918,6 +968,7 @@ mod tests {
             intents: std::slice::from_ref(&lease),
             upkeep: &Upkeep::default(),
             keys: &Keys::default(),
+            beside: Beside::default(),
         };
         let a = applied(apply(&mut m, 40, &batch, written));
         assert_eq!(a.landed_foreign, 1);
@@ -1016,6 +1067,7 @@ mod tests {
                         intents: &listed,
                         upkeep: &Upkeep::default(),
                         keys: &Keys::default(),
+                        beside: Beside::default(),
                     };
                     let a = applied(apply(&mut m, now, &batch, w));
                     check_invariants(&m);

@@ -23,7 +23,7 @@ pub(crate) fn swap(m: &mut Manifest, swaps: &[Swap]) -> u64 {
             continue;
         };
         let same = m.segments.get(at..at + run.len()) == Some(run.as_slice());
-        if same {
+        if same && super::beside::decided_prefix(m, run) == run.len() {
             m.segments.splice(at..at + run.len(), [merged.clone()]);
             replaced += run.len() as u64;
         }

@@ -170,7 +170,9 @@ pub(crate) fn fold_candidate(m: &Manifest) -> Option<Vec<SegmentRef>> {
         return None;
     }
     let n = (m.segments.len() - KEEP_HOT).min(MAX_FOLD);
-    Some(m.segments[..n].to_vec())
+    // Never an undecided segment: its fate is kept in the manifest only.
+    let n = super::beside::decided_prefix(m, &m.segments[..n]);
+    (n > 0).then(|| m.segments[..n].to_vec())
 }
 
 /// The index refs a merge of `m` would take now, if one is due: the oldest run of

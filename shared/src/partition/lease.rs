@@ -132,10 +132,11 @@ impl Cursor {
         self.next = self.next.max(m.frontier());
         if !self.ordered {
             while self.next < m.next_offset() && !m.is_available(self.next, now) {
-                // A delayed run is skipped whole: it may be long.
-                self.next = match m.delayed_run(self.next, now) {
-                    Some(d) => d.to,
-                    None => self.next + 1,
+                // A delayed run, or an undecided segment, is skipped whole: it may be long.
+                self.next = match (m.delayed_run(self.next, now), m.undecided_run(self.next)) {
+                    (Some(d), _) => d.to,
+                    (None, Some(end)) => end,
+                    (None, None) => self.next + 1,
                 };
             }
             return (self.next < m.next_offset()).then_some(self.next);
@@ -145,6 +146,11 @@ impl Cursor {
             if m.acked_ahead().contains(&o) {
                 self.next += 1;
                 continue;
+            }
+            if m.undecided_run(o).is_some() {
+                // Its keys are unknown until its segment is found: nothing is passed over
+                // it (every later message might share a key with one in it).
+                return None;
             }
             let known = m.leases().get(&o).and_then(|l| l.key_hash);
             let Some(k) = known.or_else(|| keys.get(o)) else {

@@ -54,6 +54,11 @@ pub(crate) trait Ledger {
     fn delayed(&self) -> &[Delayed];
     /// The log: the average payload size of the message at `offset` (0: not retained).
     fn message_bytes_estimate(&self, offset: u64) -> u64;
+    /// The log: the end of the run of offsets of the undecided segment holding `offset`
+    /// ([`super::beside`]), if it is in one.
+    fn undecided_run(&self, offset: u64) -> Option<u64>;
+    /// The log: offsets in undecided segments.
+    fn undecided_count(&self) -> u64;
 
     /// Leases still live at `now_ms`.
     fn in_flight(&self, now_ms: u64) -> usize {
@@ -78,19 +83,20 @@ pub(crate) trait Ledger {
             .sum()
     }
 
-    /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
-    /// could get, flow control aside.
+    /// Unsettled messages at `now_ms` with no live lease, no delay and a stored segment:
+    /// what a consume could get, flow control aside.
     fn available_count(&self, now_ms: u64) -> u64 {
         let held = self.in_flight(now_ms) as u64
             + self.acked_ahead().len() as u64
-            + self.delayed_count(now_ms);
+            + self.delayed_count(now_ms)
+            + self.undecided_count();
         self.next_offset()
             .saturating_sub(self.frontier())
             .saturating_sub(held)
     }
 
-    /// True when `offset` exists, is unsettled, has no live lease and is not delayed at
-    /// `now_ms`.
+    /// True when `offset` exists, is unsettled, has no live lease, is not delayed at
+    /// `now_ms` and is not in an undecided segment.
     fn is_available(&self, offset: u64, now_ms: u64) -> bool {
         offset >= self.frontier()
             && offset < self.next_offset()
@@ -100,6 +106,7 @@ pub(crate) trait Ledger {
                 .get(&offset)
                 .is_none_or(|l| l.deadline_ms <= now_ms)
             && self.delayed_run(offset, now_ms).is_none()
+            && self.undecided_run(offset).is_none()
     }
 }
 
@@ -142,5 +149,13 @@ impl Ledger for Manifest {
 
     fn message_bytes_estimate(&self, offset: u64) -> u64 {
         Manifest::message_bytes_estimate(self, offset)
+    }
+
+    fn undecided_run(&self, offset: u64) -> Option<u64> {
+        super::beside::run(self, offset)
+    }
+
+    fn undecided_count(&self) -> u64 {
+        super::beside::undecided_count(self)
     }
 }

@@ -13,6 +13,8 @@
 //! * [`delay`]: runs of delayed offsets;
 //! * [`compact`]: swap runs of segments for merged ones;
 //! * [`combine`]: land segments any process may commit, each at most once;
+//! * [`beside`]: segments written beside the manifest write that names them, undecided
+//!   until their object (or a void marker) is found;
 //! * [`intent`]: settles and lease requests any process may commit, each at most once;
 //! * [`batch`]: one group commit's operations applied in their fixed order;
 //! * [`rebuild`]: a corrupt partition's state again, from a checkpoint and its segments;
@@ -33,6 +35,7 @@
 //! [`Invalid::Superseded`].
 
 pub(crate) mod batch;
+pub(crate) mod beside;
 pub(crate) mod checkpoint;
 pub(crate) mod codec;
 pub(crate) mod combine;
@@ -110,7 +113,13 @@ impl From<&TopicSettings> for Rules {
 /// adds `decided` and `decided_floor` ([`intent`]), and is written only while they hold
 /// something, which only happens at fleet level 3 (docs/upgrades.md): a version that
 /// reads only format 5 then refuses the manifest rather than lose the intents' outcomes.
-pub(crate) const MANIFEST_FORMAT: u32 = 6;
+/// Format 7 adds `beside` ([`beside`]), and is written only while it names a segment,
+/// which only happens at fleet level 7: a version that reads only format 6 then refuses
+/// the manifest rather than lease a message that may never have been stored.
+pub(crate) const MANIFEST_FORMAT: u32 = 7;
+
+/// The format written while intents' outcomes are kept and no segment is undecided.
+const FORMAT_WITH_INTENTS: u32 = 6;
 
 /// The format written when no message is delayed and no intent decided.
 const FORMAT_WITHOUT_DELAYS: u32 = 4;
@@ -213,6 +222,10 @@ pub(crate) struct Manifest {
     /// The highest intent id that left `decided` (format 6; absent when none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub decided_floor: String,
+    /// Hot segments written beside the write that named them, not yet known to be stored
+    /// (format 7; absent when none, [`beside`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub beside: BTreeSet<String>,
 }
 
 impl Manifest {
@@ -247,6 +260,7 @@ impl Manifest {
             delayed: Vec::new(),
             decided: VecDeque::new(),
             decided_floor: String::new(),
+            beside: BTreeSet::new(),
         }
     }
 
@@ -414,6 +428,7 @@ impl Manifest {
         }
         // An ack at the new start is now contiguous with the frontier.
         self.advance_frontier();
+        beside::forget_dropped(self);
         Dropped { segments, indexes }
     }
 }
@@ -541,8 +556,10 @@ impl Stored for Manifest {
     fn stamp(&mut self, write_id: &str) -> Option<WriteMark> {
         // The oldest format that holds this content, so versions that cannot read
         // delays refuse only manifests that have some.
-        self.format = if !self.decided.is_empty() || !self.decided_floor.is_empty() {
+        self.format = if !self.beside.is_empty() {
             MANIFEST_FORMAT
+        } else if !self.decided.is_empty() || !self.decided_floor.is_empty() {
+            FORMAT_WITH_INTENTS
         } else if self.delayed.is_empty() {
             FORMAT_WITHOUT_DELAYS
         } else {
@@ -598,6 +615,22 @@ pub(crate) mod testing {
             bytes: n,
         });
         m.next_offset = n;
+        m
+    }
+
+    /// A manifest of hot segments `s0`, `s1`, … holding `counts` messages each.
+    pub(crate) fn manifest_of(counts: &[u32]) -> Manifest {
+        let mut m = Manifest::empty("i");
+        for (i, &count) in counts.iter().enumerate() {
+            m.segments.push(SegmentRef {
+                id: format!("s{i}"),
+                base_offset: m.next_offset,
+                count,
+                last_produced_ms: 0,
+                bytes: u64::from(count),
+            });
+            m.next_offset += u64::from(count);
+        }
         m
     }
 

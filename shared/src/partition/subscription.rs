@@ -416,6 +416,22 @@ impl Ledger for Subscribed<'_> {
     fn message_bytes_estimate(&self, offset: u64) -> u64 {
         self.log.message_bytes_estimate(offset)
     }
+
+    fn undecided_run(&self, offset: u64) -> Option<u64> {
+        super::beside::run(self.log, offset)
+    }
+
+    fn undecided_count(&self) -> u64 {
+        // Undecided segments are the newest: below any subscription's frontier only if
+        // it was created past them.
+        let frontier = self.state.frontier;
+        self.log
+            .segments
+            .iter()
+            .filter(|s| s.base_offset >= frontier && self.log.beside.contains(&s.id))
+            .map(|s| u64::from(s.count))
+            .sum()
+    }
 }
 
 impl Stored for SubscriptionState {

@@ -1,0 +1,123 @@
+//! Segments written beside the manifest write that names them (fleet level 7,
+//! docs/design.md §6 "A segment written beside its manifest write").
+//!
+//! An ordinary commit writes its segment and then the manifest: two round trips in
+//! series. A commit may instead send both at once, naming the segment in
+//! [`Manifest::beside`]: *undecided*, not yet known to be stored. Until its fate is
+//! decided its offsets are taken by nobody (no lease, no settle, no fold, no compaction);
+//! they count as neither available nor settled. The fate is the object at the segment's
+//! key, and only that:
+//!
+//! * the segment: **stored**. Its writer learns it when its PUT succeeds, and answers its
+//!   producers only then; any reader learns it by reading the object.
+//! * a *void marker* (an object of its own magic bytes): **void**. Written with
+//!   `If-None-Match: *` by whoever gives up on a segment: its writer when the PUT failed,
+//!   anyone once the id is old enough (seconds) and nothing is there. Exactly one
+//!   of the segment and the marker is ever stored, so a writer whose PUT lands later gets
+//!   a conflict and answers its producers that nothing was stored; a void segment's
+//!   offsets hold no message (a delivery that meets the marker settles them).
+//! * nothing yet, and young: **undecided**, look again later.
+//!
+//! A commit removes the ids it learnt the fate of from [`Manifest::beside`]
+//! ([`decide`]); from then on their offsets are ordinary.
+//!
+//! Built so far (issue 57, in progress): the manifest's side, here and in leasing,
+//! folding, compaction and retention, behind manifest format 7. No commit writes a
+//! segment beside its manifest write yet: that, the void marker and the readers' look
+//! come with fleet level 7.
+
+use super::Manifest;
+
+/// The end (exclusive) of the run of offsets of the undecided segment holding `offset`;
+/// `None` when `offset` is in no undecided segment.
+pub(crate) fn run(m: &Manifest, offset: u64) -> Option<u64> {
+    if m.beside.is_empty() {
+        return None;
+    }
+    let s = m.hot_segment_of(offset)?;
+    m.beside
+        .contains(&s.id)
+        .then(|| s.base_offset + u64::from(s.count))
+}
+
+/// Offsets in undecided segments.
+pub(crate) fn undecided_count(m: &Manifest) -> u64 {
+    if m.beside.is_empty() {
+        return 0;
+    }
+    m.segments
+        .iter()
+        .filter(|s| m.beside.contains(&s.id))
+        .map(|s| u64::from(s.count))
+        .sum()
+}
+
+/// Names the segment `id`, just placed by this write, as written beside it.
+pub(crate) fn name(m: &mut Manifest, id: &str) {
+    m.beside.insert(id.to_owned());
+}
+
+/// Removes the segments in `decided` (stored or void, as a reader or their writer
+/// learnt) from the undecided ones; returns how many were undecided.
+pub(crate) fn decide<'a>(m: &mut Manifest, decided: impl IntoIterator<Item = &'a str>) -> usize {
+    decided
+        .into_iter()
+        .filter(|id| m.beside.remove(*id))
+        .count()
+}
+
+/// Forgets undecided ids no hot segment has any more (retention or a purge dropped them).
+pub(crate) fn forget_dropped(m: &mut Manifest) {
+    if m.beside.is_empty() {
+        return;
+    }
+    let hot: std::collections::HashSet<&str> = m.segments.iter().map(|s| s.id.as_str()).collect();
+    m.beside.retain(|id| hot.contains(id.as_str()));
+}
+
+/// How many of the hot segments `run` (the oldest first) precede the first undecided
+/// one: what a fold or a compaction may take.
+pub(crate) fn decided_prefix(m: &Manifest, run: &[super::SegmentRef]) -> usize {
+    run.iter()
+        .position(|s| m.beside.contains(&s.id))
+        .unwrap_or(run.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::ledger::Ledger;
+    use crate::partition::testing::manifest_of;
+
+    #[test]
+    fn an_undecided_segment_is_neither_available_nor_settled_until_decided() {
+        // Three segments of 2: offsets 0..6, the middle one undecided.
+        let mut m = manifest_of(&[2, 2, 2]);
+        let middle = m.segments[1].id.clone();
+        name(&mut m, &middle);
+        assert_eq!(run(&m, 1), None);
+        assert_eq!(run(&m, 2), Some(4));
+        assert_eq!(run(&m, 3), Some(4));
+        assert_eq!(run(&m, 4), None);
+        assert_eq!(undecided_count(&m), 2);
+        assert!(!m.is_available(2, 0) && !m.is_available(3, 0));
+        assert!(m.is_available(1, 0) && m.is_available(4, 0));
+        assert_eq!(Ledger::available_count(&m, 0), 4);
+        assert_eq!(decided_prefix(&m, &m.segments), 1);
+        assert_eq!(decide(&mut m, ["other", middle.as_str()]), 1);
+        assert!(m.beside.is_empty() && m.is_available(2, 0));
+        assert_eq!(Ledger::available_count(&m, 0), 6);
+        assert_eq!(decided_prefix(&m, &m.segments), 3);
+    }
+
+    #[test]
+    fn a_dropped_segment_leaves_the_undecided_ones() {
+        let mut m = manifest_of(&[1, 1]);
+        let (a, b) = (m.segments[0].id.clone(), m.segments[1].id.clone());
+        name(&mut m, &a);
+        name(&mut m, &b);
+        m.segments.remove(0);
+        forget_dropped(&mut m);
+        assert_eq!(m.beside.iter().collect::<Vec<_>>(), vec![&b]);
+    }
+}
