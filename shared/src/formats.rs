@@ -44,6 +44,14 @@ impl Level {
         self >= Level(3)
     }
 
+    /// True when a commit may write its segment beside the manifest write that names it
+    /// undecided (manifest format 7, `NSG4` void markers;
+    /// [`crate::partition::beside`]). Above [`Level::NEWEST`] until every reader of
+    /// undecided segments is built (issue 57): only tests run at it.
+    pub fn writes_beside(self) -> bool {
+        self >= Level(7)
+    }
+
     /// True when combinable segment ids may carry their topic incarnation's tag, which
     /// every build at this level honours ([`crate::partition::combine::tag`]).
     pub fn tags_segments(self) -> bool {

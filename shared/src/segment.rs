@@ -22,11 +22,13 @@ use crate::formats::{Level, Magic, Unreadable};
 const MAGIC: Magic = Magic {
     kind: b"NSG",
     what: "segment format",
-    known: 3,
+    known: 4,
 };
 const MAGIC_V1: [u8; 4] = *b"NSG1";
 const MAGIC_V2: [u8; 4] = *b"NSG2";
 const MAGIC_V3: [u8; 4] = *b"NSG3";
+/// The void marker: the magic alone.
+const MAGIC_VOID: [u8; 4] = *b"NSG4";
 /// Payload bytes below which a segment is not worth compressing.
 const COMPRESS_FROM_BYTES: usize = 256;
 /// The largest body an `NSG3` segment may say it holds (compaction writes at most a few
@@ -122,6 +124,11 @@ struct V1Message {
 pub struct Segment {
     /// Messages in offset order.
     pub messages: Vec<StoredMessage>,
+    /// A void marker (`NSG4`) rather than a segment: written at the key of a segment that
+    /// was written beside its manifest write and never stored, so that it never will be
+    /// (docs/design.md §6); it holds no message.
+    #[serde(skip)]
+    pub void: bool,
 }
 
 impl Weigh for Segment {
@@ -152,12 +159,31 @@ pub(crate) type SegmentCache = Cache<Segment>;
 pub struct UnencodableSegment(pub String);
 
 impl Segment {
+    /// A segment of `messages`.
+    pub fn new(messages: Vec<StoredMessage>) -> Self {
+        Self {
+            messages,
+            void: false,
+        }
+    }
+
+    /// The void marker ([`Segment::void`]).
+    pub fn void_marker() -> Self {
+        Self {
+            messages: Vec::new(),
+            void: true,
+        }
+    }
+
     /// The bytes to store at fleet level `level`: `NSG1` unless a message has headers,
     /// then `NSG2`; at level 2 and up, `NSG3` (the `NSG2` body compressed) instead when
     /// the payloads reach [`COMPRESS_FROM_BYTES`] and compression saves an eighth or more.
     ///
     /// Errors: [`UnencodableSegment`] (a bug).
     pub fn encode(&self, level: Level) -> Result<Bytes, UnencodableSegment> {
+        if self.void {
+            return Ok(Bytes::from_static(&MAGIC_VOID));
+        }
         let err = |e: postcard::Error| UnencodableSegment(e.to_string());
         let with_headers = self.messages.iter().any(|m| !m.headers.is_empty());
         let payload: usize = self.messages.iter().map(|m| m.payload.len()).sum();
@@ -201,18 +227,18 @@ impl Segment {
         postcard::to_allocvec(&(v1,))
     }
 
-    /// Decodes stored bytes (`NSG1`, `NSG2` or `NSG3`) and verifies every checksum.
+    /// Decodes stored bytes (`NSG1`, `NSG2`, `NSG3`, or the void marker `NSG4`) and
+    /// verifies every checksum.
     ///
-    /// Errors: [`Unreadable::Newer`] for a segment format above `NSG3`,
+    /// Errors: [`Unreadable::Newer`] for a segment format above `NSG4`,
     /// [`Unreadable::Corrupt`] for anything that does not decode or check.
     pub fn decode(data: &[u8]) -> Result<Self, Unreadable> {
         let err = |e: postcard::Error| Unreadable::Corrupt(e.to_string());
         let seg = match MAGIC.open(data)? {
             (1, body) => {
                 let (v1,): (Vec<V1Message>,) = postcard::from_bytes(body).map_err(err)?;
-                Segment {
-                    messages: v1
-                        .into_iter()
+                Segment::new(
+                    v1.into_iter()
                         .map(|m| StoredMessage {
                             produced_at_ms: m.produced_at_ms,
                             key: m.key,
@@ -221,9 +247,11 @@ impl Segment {
                             headers: Headers::new(),
                         })
                         .collect(),
-                }
+                )
             }
             (2, body) => postcard::from_bytes(body).map_err(err)?,
+            (4, []) => Segment::void_marker(),
+            (4, _) => return Err(Unreadable::Corrupt("a void marker with a body".into())),
             (_, packed) => postcard::from_bytes(&unpack(packed)?).map_err(err)?,
         };
         for (i, m) in seg.messages.iter().enumerate() {
@@ -260,12 +288,10 @@ mod tests {
 
     #[test]
     fn round_trip_and_checksum() {
-        let seg = Segment {
-            messages: vec![
-                StoredMessage::new(1, None, b"hello".to_vec()),
-                StoredMessage::new(2, Some("k".into()), vec![0, 255, 1]),
-            ],
-        };
+        let seg = Segment::new(vec![
+            StoredMessage::new(1, None, b"hello".to_vec()),
+            StoredMessage::new(2, Some("k".into()), vec![0, 255, 1]),
+        ]);
         let bytes = seg.encode(Level::BEFORE_GATE).unwrap();
         assert_eq!(Segment::decode(&bytes).unwrap(), seg);
         let mut bad = bytes.to_vec();
@@ -284,12 +310,10 @@ mod tests {
     fn headers_round_trip_in_nsg2_and_are_checksummed() {
         let mut h = Headers::new();
         h.insert("trace-id".into(), "abc".into());
-        let seg = Segment {
-            messages: vec![
-                StoredMessage::new(1, None, b"plain".to_vec()),
-                StoredMessage::new(2, None, b"with".to_vec()).with_headers(h),
-            ],
-        };
+        let seg = Segment::new(vec![
+            StoredMessage::new(1, None, b"plain".to_vec()),
+            StoredMessage::new(2, None, b"with".to_vec()).with_headers(h),
+        ]);
         let bytes = seg.encode(Level::BEFORE_GATE).unwrap();
         assert_eq!(&bytes[..4], b"NSG2");
         assert_eq!(Segment::decode(&bytes).unwrap(), seg);
@@ -303,11 +327,11 @@ mod tests {
     #[test]
     fn compressed_only_from_level_2_and_only_when_it_pays() {
         let json = br#"{"order":12345,"status":"paid","items":[{"sku":"A-1","qty":2}]}"#;
-        let seg = Segment {
-            messages: (0..20)
+        let seg = Segment::new(
+            (0..20)
                 .map(|i| StoredMessage::new(i, None, json.to_vec()))
                 .collect(),
-        };
+        );
         let before = seg.encode(Level::BEFORE_GATE).unwrap();
         assert_eq!(
             &before[..4],
@@ -333,22 +357,20 @@ mod tests {
                 (x >> 24) as u8
             })
             .collect();
-        let seg = Segment {
-            messages: vec![StoredMessage::new(1, None, noise)],
-        };
+        let seg = Segment::new(vec![StoredMessage::new(1, None, noise)]);
         assert_eq!(&seg.encode(Level(2)).unwrap()[..4], b"NSG1");
         // Small segments are not compressed either.
-        let seg = Segment {
-            messages: vec![StoredMessage::new(1, None, b"aaaaaaaaaaaaaaaa".to_vec())],
-        };
+        let seg = Segment::new(vec![StoredMessage::new(
+            1,
+            None,
+            b"aaaaaaaaaaaaaaaa".to_vec(),
+        )]);
         assert_eq!(&seg.encode(Level(2)).unwrap()[..4], b"NSG1");
     }
 
     #[test]
     fn a_damaged_or_lying_nsg3_is_corrupt_not_a_panic() {
-        let seg = Segment {
-            messages: vec![StoredMessage::new(1, None, vec![b'x'; 2000])],
-        };
+        let seg = Segment::new(vec![StoredMessage::new(1, None, vec![b'x'; 2000])]);
         let packed = seg.encode(Level(2)).unwrap();
         assert_eq!(&packed[..4], b"NSG3");
         let mut lying = packed.to_vec();
@@ -373,18 +395,35 @@ mod tests {
         let n = flipped.len();
         flipped[n - 2] ^= 0x55;
         assert!(Segment::decode(&flipped).is_err());
-        match Segment::decode(b"NSG4anything") {
-            Err(Unreadable::Newer(n)) => assert_eq!((n.found, n.known), (4, 3)),
+        match Segment::decode(b"NSG5anything") {
+            Err(Unreadable::Newer(n)) => assert_eq!((n.found, n.known), (5, 4)),
             other => panic!("{other:?}"),
         }
     }
 
     #[test]
+    fn a_void_marker_is_its_magic_alone_and_holds_no_message() {
+        let marker = Segment::void_marker().encode(Level::NEWEST).unwrap();
+        assert_eq!(&marker[..], b"NSG4");
+        let read = Segment::decode(&marker).unwrap();
+        assert!(read.void && read.messages.is_empty());
+        assert!(matches!(
+            Segment::decode(b"NSG4x"),
+            Err(Unreadable::Corrupt(_))
+        ));
+        // A segment is never void, whatever it holds.
+        let seg = Segment::new(vec![StoredMessage::new(1, None, b"m".to_vec())]);
+        assert!(
+            !Segment::decode(&seg.encode(Level::NEWEST).unwrap())
+                .unwrap()
+                .void
+        );
+    }
+
+    #[test]
     fn the_v1_encoding_is_unchanged() {
         // Bytes written by the release before headers existed must still decode.
-        let old = Segment {
-            messages: vec![StoredMessage::new(7, Some("k".into()), b"v".to_vec())],
-        };
+        let old = Segment::new(vec![StoredMessage::new(7, Some("k".into()), b"v".to_vec())]);
         let bytes = old.encode(Level::BEFORE_GATE).unwrap();
         let mut want = b"NSG1".to_vec();
         // postcard: 1 message; varint 7; Some; "k"; bytes "v"; crc32 as varint.

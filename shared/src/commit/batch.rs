@@ -25,6 +25,7 @@ use super::queue::Onward;
 use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
+use super::write::BesideFate;
 use super::{lock, Committer, Pending, Queue, TopicSeen};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
@@ -33,7 +34,7 @@ use crate::partition::batch::{self, Applied, Batch, Beside, Written};
 use crate::partition::combine::Combinable;
 use crate::partition::intent::{self, MAX_LEASE_ASK};
 use crate::partition::lease::Keys;
-use crate::partition::produce::Plan;
+use crate::partition::produce::{Plan, Unplaced};
 use crate::partition::{Manifest, SegmentRef};
 use crate::repair::damaged;
 use crate::store::StoreError;
@@ -73,6 +74,9 @@ struct BatchCommit<'a> {
     /// Fired once the first attempt is past its segment write: the drain may take the
     /// next batch ahead ([`super::queue`]).
     onward: Onward,
+    /// Segments written beside a manifest write whose fate this process learnt: this
+    /// commit decides them ([`crate::partition::beside`]).
+    decided: Vec<String>,
 }
 
 /// What a batch taken ahead brings to its first commit ([`super::queue`]): the segment it
@@ -167,6 +171,10 @@ impl<'a> BatchCommit<'a> {
         let Work {
             mut batch, topic, ..
         } = work;
+        let (keys, decided) = {
+            let mut st = lock(&q.state);
+            (std::mem::take(&mut st.more.keys), st.more.decided.clone())
+        };
         let (produces, landing) = match head {
             None => (Produces::early(turn.early), Landing::new(combining)),
             Some(h) => {
@@ -192,7 +200,8 @@ impl<'a> BatchCommit<'a> {
             landing,
             upkeeper: Upkeeper::default(),
             // Facts an earlier batch read (offsets never change their message).
-            keys: std::mem::take(&mut lock(&q.state).more.keys),
+            keys,
+            decided,
             wrote: false,
             attempts: 0,
             may_switch: may_switch && !combining,
@@ -217,7 +226,10 @@ impl<'a> BatchCommit<'a> {
             intents: self.landing.intents(),
             upkeep: &self.upkeeper.upkeep,
             keys,
-            beside: Beside::default(),
+            beside: Beside {
+                own: self.produces.writes_beside(),
+                decided: &self.decided,
+            },
         }
     }
 
@@ -575,6 +587,9 @@ impl Committer {
         ordering::keep_keys(q, std::mem::take(&mut change.keys), frontier);
         match result {
             Ok((applied, snap)) => {
+                let mut applied = applied;
+                self.land_beside(&mut change, &mut applied, &snap.value)
+                    .await;
                 let landed = self.finish(&change, replies, applied, &snap.value).await;
                 Committed::Done(cache, landed)
             }
@@ -627,6 +642,10 @@ impl Committer {
         q: &Queue,
         produces: &mut Produces,
     ) -> BrokerResult<Option<(SegmentRef, Plan)>> {
+        if let Some(beside) = produces.take_beside() {
+            // Deleted once its PUT ended, or it would land after the delete.
+            self.landed_beside(beside).await;
+        }
         match produces.take_written() {
             Some((seg, _)) if Combinable::parse(&seg.id).is_none() => {
                 let key = keys::segment(&q.topic, q.partition, &seg.id);
@@ -635,6 +654,62 @@ impl Committer {
             }
             written => Ok(written),
         }
+    }
+
+    /// After `change` landed as `state`: waits for the PUT of its segment if it was
+    /// written beside the manifest write, refusing the produces if it was never stored,
+    /// and keeps what this process learnt of undecided segments for the next commit
+    /// (what `state` no longer names undecided is forgotten). A segment that `state` does
+    /// not name (no produce needed it after all) is deleted.
+    async fn land_beside(
+        &self,
+        change: &mut BatchCommit<'_>,
+        applied: &mut Applied,
+        state: &Manifest,
+    ) {
+        let q = change.q;
+        let mut decided = None;
+        if let Some(write) = change.produces.take_beside() {
+            let id = change.produces.segment().map(|s| s.id.clone());
+            let fate = self.landed_beside(write).await;
+            let named = id
+                .as_ref()
+                .and_then(|id| state.segments.iter().find(|s| s.id == *id));
+            let why = match &fate {
+                BesideFate::Stored => None,
+                BesideFate::Void => Some(BrokerError::Store(StoreError::Unavailable(
+                    "the message's segment could not be written, and nothing was stored; retry it"
+                        .into(),
+                ))),
+                BesideFate::Unknown(e) => Some(e.clone()),
+            };
+            if let (Some(why), Some(seg)) = (why, named) {
+                // The produces placed in it were not stored: answered with why, not with
+                // their offsets (a duplicate answered from an earlier offset keeps it).
+                let held = seg.base_offset..seg.base_offset + u64::from(seg.count);
+                for r in &mut applied.produced {
+                    if r.as_ref().is_ok_and(|o| o.iter().any(|o| held.contains(o))) {
+                        *r = Err(Unplaced::NoSegment);
+                    }
+                }
+                change.produces.refuse(why);
+            }
+            let named = named.is_some();
+            match (named, &fate, id) {
+                (true, BesideFate::Stored | BesideFate::Void, Some(id)) => decided = Some(id),
+                (false, BesideFate::Stored, Some(id)) => {
+                    let key = keys::segment(&q.topic, q.partition, &id);
+                    if let Err(e) = self.store.delete(&key).await {
+                        tracing::debug!(%key, error = %e, "an unused segment was not deleted");
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut st = lock(&q.state);
+        let kept = &mut st.more.decided;
+        kept.retain(|id| state.beside.contains(id));
+        kept.extend(decided);
     }
 
     /// After `change` landed as `state` (or found nothing to write): counts, answers

@@ -189,6 +189,10 @@ struct PartitionMore {
     /// Message keys the last batch read for per-key ordering, at or above the frontier
     /// (facts: the next batch starts from them, and [`Committer::peek`] uses them).
     keys: lease::Keys,
+    /// Segments written beside a manifest write whose fate (stored or void) this process
+    /// learnt and the manifest may still name undecided: the next commit decides them
+    /// ([`crate::partition::beside`]).
+    decided: Vec<String>,
 }
 
 /// One partition's queue.

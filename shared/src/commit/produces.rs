@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::write::TopicCheck;
+use super::write::{BesideWrite, TopicCheck};
 use super::{Committer, Op, Pending, Queue, TopicSeen, MAX_SEGMENT_AGE_AT_COMMIT_MS};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -36,6 +36,8 @@ pub(super) struct Produces {
     /// Whether the current segment's write confirmed the topic record
     /// ([`super::write::TopicCheck::confirms`]).
     confirmed: bool,
+    /// The current segment's PUT, when it runs beside the manifest write (fleet level 7).
+    beside: Option<BesideWrite>,
 }
 
 /// A segment written for a batch taken ahead, before the state it commits to was known
@@ -86,6 +88,17 @@ impl Committer {
             .await;
         Some(EarlySegment { plan, written })
     }
+}
+
+/// Whether a segment planned against `state` is written beside the manifest write that
+/// names it: at fleet level 7, for an ordinary segment (not `combinable`) going to a
+/// manifest that exists (a commit creating one confirms the topic record first, and a
+/// segment then costs no round trip of its own) whose topic needs no check before it.
+fn writes_beside(c: &Committer, combinable: bool, check: TopicCheck, state: &Manifest) -> bool {
+    c.writes_beside()
+        && !combinable
+        && state.stored()
+        && matches!(check, TopicCheck::Read | TopicCheck::NotNeeded)
 }
 
 /// Whether `batch` has produces and none carries an idempotency key or a delay: its
@@ -139,6 +152,24 @@ impl Produces {
         self.segment.as_ref()
     }
 
+    /// Whether the segment this attempt commits is being written beside its manifest
+    /// write: named undecided ([`crate::partition::beside`]).
+    pub(super) fn writes_beside(&self) -> bool {
+        self.segment.is_some() && self.beside.is_some()
+    }
+
+    /// The PUT of the segment written beside the manifest write, taken away: the caller
+    /// waits for it before anyone is answered, or before it deletes the segment.
+    pub(super) fn take_beside(&mut self) -> Option<BesideWrite> {
+        self.beside.take()
+    }
+
+    /// Refuses the produces after their commit landed: their segment was never stored (a
+    /// void marker is at its key) or its fate could not be told.
+    pub(super) fn refuse(&mut self, why: BrokerError) {
+        self.refused = Some(why);
+    }
+
     /// Whether the current segment's write confirmed the topic record: a commit that
     /// creates the manifest need not confirm it again ([`super::write`]).
     pub(super) fn confirmed_topic(&self) -> bool {
@@ -184,7 +215,9 @@ impl Produces {
         let plan = Plan::new(&batch.produces, state, now, &|k| spilled.get(k).copied());
         self.spilled = spilled;
         if self.written_for.as_ref() != Some(&plan) {
-            (self.segment, self.refused) = (None, None);
+            // A segment written beside an earlier attempt is left to garbage collection:
+            // no manifest names it.
+            (self.segment, self.refused, self.beside) = (None, None, None);
             if plan.needs_segment() {
                 let messages = plan.new_messages(&batch.produces);
                 // Combinable only when combining: an ordinary commit lands its own
@@ -194,7 +227,14 @@ impl Produces {
                 let after = (combining && combinable(batch)).then_some(state.ids_above());
                 let check = c.segment_check(topic, after.is_some(), !state.stored());
                 self.confirmed = check.confirms();
-                match c.write_segment(q, topic, messages, after, check).await {
+                let written = match writes_beside(c, after.is_some(), check, state) {
+                    true => c.write_beside(q, messages).await.map(|(seg, w)| {
+                        self.beside = Some(w);
+                        seg
+                    }),
+                    false => c.write_segment(q, topic, messages, after, check).await,
+                };
+                match written {
                     Ok(seg) => self.segment = Some(seg),
                     Err(e) => self.refused = Some(e),
                 }

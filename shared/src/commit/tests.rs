@@ -661,3 +661,111 @@ async fn the_next_commit_waits_for_a_checkpoint_write_but_not_for_the_old_ones_d
     let left = w.store.list(&prefix).await.unwrap();
     assert_eq!(left, vec![written], "the old one deleted");
 }
+
+/// A process at fleet level 7, where segments may be written beside the manifest write.
+fn process_at_7(w: &World, store: DynStore) -> Arc<Committer> {
+    Arc::new(Committer::new(
+        store,
+        Arc::new(RandomIds),
+        Arc::new(w.clock.clone()),
+        Caches::new(1 << 20),
+        Duration::ZERO,
+        (FleetLevel::fixed(Level(7)), Arc::default()),
+    ))
+}
+
+/// At fleet level 7 a produce to an existing manifest writes its segment beside the
+/// manifest write: one round trip, not two. The manifest names the segment undecided
+/// until the writer's next commit, which decides it; its producer is answered only once
+/// the segment is stored, and a lease in the writer's process decides it too.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn at_level_7_a_produce_commits_in_one_round_trip_and_its_next_commit_decides_it() {
+    const RTT: Duration = Duration::from_millis(20);
+    let w = world().await;
+    let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
+    let p = process_at_7(&w, Arc::new(store));
+    // The first produce creates the manifest the ordinary way.
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    assert!(manifest(&w).await.beside.is_empty());
+    let start = tokio::time::Instant::now();
+    let second = p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    assert_eq!(start.elapsed(), RTT, "segment and manifest written at once");
+    let m = manifest(&w).await;
+    let id = &m.segments[1].id;
+    assert_eq!(m.beside.iter().collect::<Vec<_>>(), vec![id], "{m:?}");
+    assert!(raw_manifest(&w).await.contains("\"format\":7,"));
+    assert!(w
+        .store
+        .get(&keys::segment("t", 0, id))
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(second, vec![1]);
+    // The writer's lease decides it and leases both messages.
+    let got = p
+        .lease((&w.topic, Group::Default), 0, (10, u64::MAX))
+        .await
+        .unwrap();
+    let offsets: Vec<u64> = got.leased.grants.iter().map(|g| g.offset).collect();
+    assert_eq!(offsets, vec![0, 1]);
+    let m = manifest(&w).await;
+    assert!(m.beside.is_empty(), "{m:?}");
+    let raw = raw_manifest(&w).await;
+    assert!(
+        raw.contains("\"format\":4,"),
+        "none undecided: the older format again"
+    );
+}
+
+/// The partition's manifest as stored.
+async fn raw_manifest(w: &World) -> String {
+    let key = w.topic.manifest_key(0);
+    let o = w.store.get(&key).await.unwrap().unwrap();
+    String::from_utf8(o.data.to_vec()).unwrap()
+}
+
+/// A segment written beside its manifest write whose PUT fails is given up by its writer:
+/// a void marker goes to its key (so that a late PUT can never land) and its producer
+/// hears that nothing was stored; the manifest names it undecided until the writer's next
+/// commit decides it, after which nothing is stored at its offset.
+#[tokio::test(flavor = "current_thread")]
+async fn at_level_7_a_segment_whose_put_failed_is_made_void_and_its_produce_refused() {
+    let w = world().await;
+    let segments = keys::segments_prefix("t", 0);
+    // Once armed, the next segment write fails (as a timeout that did not apply); the
+    // void marker's write goes through.
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failing = fail.clone();
+    let store = crate::store::testing::hook::ReplaceHook::creates(w.store.clone(), move |k| {
+        (k.starts_with(&segments) && failing.swap(false, Ordering::SeqCst))
+            .then(|| crate::store::StoreError::Unavailable("injected".into()))
+    });
+    let p = process_at_7(&w, store.clone());
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    fail.store(true, Ordering::SeqCst);
+    let refused = p.produce(&w.topic, 0, message(&w)).await;
+    assert!(
+        matches!(&refused, Err(BrokerError::Store(_))),
+        "{refused:?}"
+    );
+    let m = manifest(&w).await;
+    let id = m.segments[1].id.clone();
+    assert!(m.beside.contains(&id), "named undecided: {m:?}");
+    let marker = w
+        .store
+        .get(&keys::segment("t", 0, &id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&marker.data[..], b"NSG4", "a void marker at its key");
+    // A late PUT of the segment can no longer land.
+    let late = w
+        .store
+        .put_if_absent(&keys::segment("t", 0, &id), "x".into())
+        .await;
+    assert!(matches!(late, Err(crate::store::StoreError::Conflict)));
+    // The next commit decides it.
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let m = manifest(&w).await;
+    assert!(!m.beside.contains(&id), "{m:?}");
+}

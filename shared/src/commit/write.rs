@@ -23,11 +23,14 @@ use bytes::Bytes;
 
 use super::{Committer, Queue, TopicSeen};
 use crate::cas::{Invalid, Stored};
+use crate::dispatch::Kind;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
+use crate::objects::fetch_segment;
 use crate::partition::combine::Combinable;
 use crate::partition::intent::{Ask, Intent};
 use crate::partition::SegmentRef;
+use crate::runtime::JoinHandle;
 use crate::segment::{Segment, StoredMessage};
 use crate::store::{ETag, Fetched, StoreError};
 use crate::topic::TopicRecord;
@@ -72,7 +75,7 @@ impl Committer {
         let last_produced_ms = messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0);
         let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
         let count = messages.len() as u32;
-        let seg = Segment { messages };
+        let seg = Segment::new(messages);
         let now = self.clock.now_ms();
         let id = match combinable_after {
             Some(after) if self.tags_segments() => {
@@ -111,6 +114,102 @@ impl Committer {
             last_produced_ms,
             bytes,
         })
+    }
+
+    /// Starts writing the segment of `messages` beside the manifest write that will name
+    /// it undecided ([`crate::partition::beside`], fleet level 7): the PUT runs as a task
+    /// of its own while the commit goes on, and [`Committer::landed_beside`] waits for it
+    /// before anyone is answered. When the broker is stopping the PUT runs here, before the
+    /// manifest write, as an ordinary segment's does.
+    ///
+    /// Errors: [`BrokerError::Internal`] when the segment does not encode (a bug).
+    pub(super) async fn write_beside(
+        &self,
+        q: &Queue,
+        messages: Vec<StoredMessage>,
+    ) -> BrokerResult<(SegmentRef, BesideWrite)> {
+        let seg = Segment::new(messages);
+        let seg_ref = SegmentRef {
+            id: keys::segment_id(self.clock.now_ms(), &self.ids.new_id()),
+            base_offset: 0,
+            count: seg.messages.len() as u32,
+            last_produced_ms: seg
+                .messages
+                .iter()
+                .map(|m| m.produced_at_ms)
+                .max()
+                .unwrap_or(0),
+            bytes: seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
+        };
+        let key = keys::segment(&q.topic, q.partition, &seg_ref.id);
+        let body = seg.encode(self.level.get())?;
+        let (store, k) = (self.store.clone(), key.clone());
+        let put = async move { store.put_if_absent(&k, body).await.map(|_| ()) };
+        let put = match self.tasks.spawn(Kind::Chore, put) {
+            Ok(running) => Put::Running(running),
+            Err(put) => Put::Done(put.await),
+        };
+        let write = BesideWrite {
+            key,
+            segment: Arc::new(seg),
+            put,
+        };
+        Ok((seg_ref, write))
+    }
+
+    /// Waits for the PUT of a segment written beside its manifest write and tells its
+    /// fate. A failed PUT is resolved by what is at the key: the segment (it landed all
+    /// the same), a void marker (someone gave up on it), or nothing, in which case this
+    /// writer gives up on it itself and writes the marker `If-None-Match: *` (a conflict
+    /// means the segment beat it). A stored segment is cached for consumers here.
+    pub(super) async fn landed_beside(&self, write: BesideWrite) -> BesideFate {
+        let BesideWrite { key, segment, put } = write;
+        let put = match put {
+            Put::Running(h) => h.await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    "the segment write's task ended".into(),
+                ))
+            }),
+            Put::Done(r) => r,
+        };
+        let fate = match put {
+            Ok(()) => BesideFate::Stored,
+            Err(e) => self.resolve_beside(&key, e).await,
+        };
+        if matches!(fate, BesideFate::Stored) {
+            self.caches.segments.put(key, segment);
+        }
+        fate
+    }
+
+    /// The fate of the segment at `key`, whose PUT failed with `failed`.
+    async fn resolve_beside(&self, key: &str, failed: StoreError) -> BesideFate {
+        tracing::warn!(%key, error = %failed, "a segment written beside its manifest write failed: resolving by what is at its key");
+        let Ok(marker) = Segment::void_marker().encode(self.level.get()) else {
+            return BesideFate::Unknown(BrokerError::Internal("no void marker".into()));
+        };
+        for _ in 0..3 {
+            match fetch_segment(&self.store, &self.caches.segments, key.to_owned()).await {
+                Ok(Some(s)) if s.void => return BesideFate::Void,
+                Ok(Some(_)) => return BesideFate::Stored,
+                Ok(None) => {}
+                Err(e) => return BesideFate::Unknown(e),
+            }
+            match self.store.put_if_absent(key, marker.clone()).await {
+                Ok(_) => return BesideFate::Void,
+                // The segment (or a marker) beat it: read what it is.
+                Err(StoreError::Conflict) => {}
+                Err(e) => return BesideFate::Unknown(e.into()),
+            }
+        }
+        BesideFate::Unknown(BrokerError::OutcomeUnknown(format!(
+            "the fate of segment {key} could not be read"
+        )))
+    }
+
+    /// Whether segments may be written beside the manifest write (fleet level 7).
+    pub(super) fn writes_beside(&self) -> bool {
+        self.level.get().writes_beside()
     }
 
     /// Whether combinable segment ids carry their topic incarnation's tag (fleet level 4).
@@ -157,6 +256,39 @@ impl Committer {
         }
         Ok(())
     }
+}
+
+/// A segment being written beside its manifest write ([`Committer::write_beside`]).
+pub(super) struct BesideWrite {
+    key: String,
+    segment: Arc<Segment>,
+    put: Put,
+}
+
+impl std::fmt::Debug for BesideWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BesideWrite")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The PUT of a [`BesideWrite`]: running as a task, or done already.
+enum Put {
+    Running(JoinHandle<Result<(), StoreError>>),
+    Done(Result<(), StoreError>),
+}
+
+/// What became of a segment written beside its manifest write.
+#[derive(Debug, Clone)]
+pub(super) enum BesideFate {
+    /// Stored: its messages are there, and its producers may be answered.
+    Stored,
+    /// A void marker is at its key: nothing was stored, and nothing will be.
+    Void,
+    /// Neither could be told (the store failed): the segment stays undecided for readers
+    /// to decide, and its producers hear that the outcome is unknown.
+    Unknown(BrokerError),
 }
 
 /// How a segment write confirms its topic record (the module documentation).

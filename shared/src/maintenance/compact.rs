@@ -64,7 +64,7 @@ async fn merge(
         return Ok(None);
     }
     let id = keys::segment_id(broker.clock().now_ms(), &broker.ids().new_id());
-    let body = Segment { messages }.encode(broker.fleet_level())?;
+    let body = Segment::new(messages).encode(broker.fleet_level())?;
     broker
         .store()
         .put_if_absent(&keys::segment(&topic.name, partition, &id), body)

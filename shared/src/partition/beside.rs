@@ -22,9 +22,11 @@
 //! ([`decide`]); from then on their offsets are ordinary.
 //!
 //! Built so far (issue 57, in progress): the manifest's side, here and in leasing,
-//! folding, compaction and retention, behind manifest format 7. No commit writes a
-//! segment beside its manifest write yet: that, the void marker and the readers' look
-//! come with fleet level 7.
+//! folding, compaction and retention, behind manifest format 7; the writer's side at
+//! fleet level 7 (`commit/write.rs`, `commit/batch.rs`), which no build runs at yet
+//! ([`crate::formats::Level::writes_beside`]). To come before it does: the look a lease
+//! commit of another process takes at undecided segments, and delivery and replay
+//! meeting a void marker.
 
 use super::Manifest;
 

@@ -4,7 +4,8 @@
 //!
 //! Before every `put_if_match` it calls the hook with the key: `Some(error)` is answered
 //! without reaching the store, `None` lets the write through. Everything else passes
-//! through unchanged.
+//! through unchanged. Made with [`ReplaceHook::creates`], it hooks every `put_if_absent`
+//! instead (a segment write that fails).
 
 use std::sync::Arc;
 
@@ -19,6 +20,8 @@ type Hook = Box<dyn Fn(&str) -> Option<StoreError> + Send + Sync>;
 pub struct ReplaceHook {
     inner: DynStore,
     hook: Hook,
+    /// Whether the hook decides `put_if_absent` rather than `put_if_match`.
+    creates: bool,
 }
 
 impl std::fmt::Debug for ReplaceHook {
@@ -36,6 +39,19 @@ impl ReplaceHook {
         Arc::new(Self {
             inner,
             hook: Box::new(hook),
+            creates: false,
+        })
+    }
+
+    /// Wraps `inner`; `hook` decides each conditional create (`If-None-Match: *`).
+    pub fn creates(
+        inner: DynStore,
+        hook: impl Fn(&str) -> Option<StoreError> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            hook: Box::new(hook),
+            creates: true,
         })
     }
 }
@@ -51,11 +67,14 @@ impl Store for ReplaceHook {
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<ETag> {
+        if let Some(e) = self.creates.then(|| (self.hook)(key)).flatten() {
+            return Err(e);
+        }
         self.inner.put_if_absent(key, data).await
     }
 
     async fn put_if_match(&self, key: &str, data: Bytes, etag: &ETag) -> StoreResult<ETag> {
-        if let Some(e) = (self.hook)(key) {
+        if let Some(e) = (!self.creates).then(|| (self.hook)(key)).flatten() {
             return Err(e);
         }
         self.inner.put_if_match(key, data, etag).await
