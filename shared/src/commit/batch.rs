@@ -322,6 +322,12 @@ impl Change<Manifest> for BatchCommit<'_> {
             };
             self.upkeeper.prepare(c, q, after).await;
         }
+        if !state.beside.is_empty() && (!self.batch.leases.is_empty() || self.landing.leases()) {
+            // Leases take nothing undecided: look at what was written beside its manifest
+            // write (the delivery would read the segment anyway).
+            let learnt = c.look_beside(q, state, &self.decided).await;
+            self.decided.extend(learnt);
+        }
         if self.batch.leases.iter().any(|op| op.rules.ordered)
             || (self.batch.rules.ordered && self.landing.leases())
         {
@@ -708,6 +714,11 @@ impl Committer {
         }
         let mut st = lock(&q.state);
         let kept = &mut st.more.decided;
+        for id in &change.decided {
+            if !kept.contains(id) {
+                kept.push(id.clone());
+            }
+        }
         kept.retain(|id| state.beside.contains(id));
         kept.extend(decided);
     }

@@ -769,3 +769,51 @@ async fn at_level_7_a_segment_whose_put_failed_is_made_void_and_its_produce_refu
     let m = manifest(&w).await;
     assert!(!m.beside.contains(&id), "{m:?}");
 }
+
+/// A lease commit of another process looks at the undecided segments it would lease
+/// from: one stored is decided and leased at once; one with nothing at its key waits
+/// while it may be on its way, and once older than `beside::DECIDE_AFTER_MS` is made void
+/// (a marker at its key, so that its writer's PUT can never land) and decided.
+#[tokio::test(flavor = "current_thread")]
+async fn at_level_7_a_lease_of_another_process_decides_what_it_finds() {
+    let w = world().await;
+    let segments = keys::segments_prefix("t", 0);
+    let (fail, failing) = {
+        let f = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (f.clone(), f)
+    };
+    let store = crate::store::testing::hook::ReplaceHook::creates(w.store.clone(), move |k| {
+        (k.starts_with(&segments) && failing.load(Ordering::SeqCst))
+            .then(|| crate::store::StoreError::Unavailable("injected".into()))
+    });
+    let writer = process_at_7(&w, store);
+    let reader = process_at_7(&w, w.store.clone());
+    writer.produce(&w.topic, 0, message(&w)).await.unwrap();
+    writer.produce(&w.topic, 0, message(&w)).await.unwrap();
+    assert_eq!(manifest(&w).await.beside.len(), 1);
+    let lease = |max| reader.lease((&w.topic, Group::Default), 0, (max, u64::MAX));
+    let offsets = |a: super::LeaseAnswer| -> Vec<u64> {
+        a.leased.grants.iter().map(|g| g.offset).collect()
+    };
+    assert_eq!(offsets(lease(10).await.unwrap()), vec![0, 1], "found stored");
+    assert!(manifest(&w).await.beside.is_empty());
+
+    // A segment whose PUT failed and whose writer could not write the marker either.
+    fail.store(true, Ordering::SeqCst);
+    let lost = writer.produce(&w.topic, 0, message(&w)).await;
+    assert!(lost.is_err(), "{lost:?}");
+    fail.store(false, Ordering::SeqCst);
+    let m = manifest(&w).await;
+    let id = m.segments[2].id.clone();
+    assert!(m.beside.contains(&id) && m.next_offset == 3, "{m:?}");
+    let key = keys::segment("t", 0, &id);
+    assert!(w.store.get(&key).await.unwrap().is_none());
+    assert!(offsets(lease(10).await.unwrap()).is_empty(), "young: waited for");
+    assert!(manifest(&w).await.beside.contains(&id));
+    w.clock.advance(crate::partition::beside::DECIDE_AFTER_MS);
+    // Decided void: its offset is an ordinary one now (a delivery meets the marker).
+    assert_eq!(offsets(lease(10).await.unwrap()), vec![2]);
+    assert!(manifest(&w).await.beside.is_empty());
+    let marker = w.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(&marker.data[..], b"NSG4");
+}

@@ -27,9 +27,10 @@ use crate::dispatch::Kind;
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
 use crate::objects::fetch_segment;
+use crate::partition::beside::{self, Found, Resolution};
 use crate::partition::combine::Combinable;
 use crate::partition::intent::{Ask, Intent};
-use crate::partition::SegmentRef;
+use crate::partition::{Manifest, SegmentRef};
 use crate::runtime::JoinHandle;
 use crate::segment::{Segment, StoredMessage};
 use crate::store::{ETag, Fetched, StoreError};
@@ -182,27 +183,93 @@ impl Committer {
         fate
     }
 
-    /// The fate of the segment at `key`, whose PUT failed with `failed`.
+    /// The fate of the segment at `key`, whose PUT failed with `failed`: its writer
+    /// gives up on it unless it is there.
     async fn resolve_beside(&self, key: &str, failed: StoreError) -> BesideFate {
         tracing::warn!(%key, error = %failed, "a segment written beside its manifest write failed: resolving by what is at its key");
-        let Ok(marker) = Segment::void_marker().encode(self.level.get()) else {
-            return BesideFate::Unknown(BrokerError::Internal("no void marker".into()));
-        };
+        match self.decide_at(key, 0, true).await {
+            Ok(Some(Decided::Stored)) => BesideFate::Stored,
+            Ok(Some(Decided::Void)) => BesideFate::Void,
+            Ok(None) => BesideFate::Unknown(BrokerError::Internal(format!(
+                "the writer of segment {key} did not give up on it"
+            ))),
+            Err(e) => BesideFate::Unknown(e),
+        }
+    }
+
+    /// Looks at the undecided segments of `state` that `known` does not decide (at most
+    /// [`LOOK_AT_MOST`], the oldest first), at once: the ids whose fate it found. One
+    /// older than [`beside::DECIDE_AFTER_MS`] with nothing at its key is made void. A
+    /// failed read leaves its segment undecided.
+    pub(super) async fn look_beside(
+        &self,
+        q: &Queue,
+        state: &Manifest,
+        known: &[String],
+    ) -> Vec<String> {
+        let looks = state
+            .beside
+            .iter()
+            .filter(|id| !known.contains(id))
+            .take(LOOK_AT_MOST)
+            .map(|id| async move {
+                let key = keys::segment(&q.topic, q.partition, id);
+                let written = keys::segment_time(id).unwrap_or(0);
+                match self.decide_at(&key, written, false).await {
+                    Ok(Some(_)) => Some(id.clone()),
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::debug!(%key, error = %e, "an undecided segment could not be read");
+                        None
+                    }
+                }
+            });
+        futures::future::join_all(looks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// What decides the segment at `key` (written at `written_ms`), read through the
+    /// segment cache: the segment or a void marker; nothing, while it may still be on its
+    /// way. With nothing there and `give_up` (its writer, whose PUT failed) or once
+    /// [`beside::resolve`] says so, the void marker is written `If-None-Match: *` and the
+    /// key read again (the segment may have beaten it).
+    ///
+    /// Errors: the store's, and [`BrokerError::OutcomeUnknown`] when every try conflicted.
+    async fn decide_at(
+        &self,
+        key: &str,
+        written_ms: u64,
+        give_up: bool,
+    ) -> BrokerResult<Option<Decided>> {
+        let marker = Segment::void_marker().encode(self.level.get())?;
         for _ in 0..3 {
-            match fetch_segment(&self.store, &self.caches.segments, key.to_owned()).await {
-                Ok(Some(s)) if s.void => return BesideFate::Void,
-                Ok(Some(_)) => return BesideFate::Stored,
-                Ok(None) => {}
-                Err(e) => return BesideFate::Unknown(e),
-            }
-            match self.store.put_if_absent(key, marker.clone()).await {
-                Ok(_) => return BesideFate::Void,
-                // The segment (or a marker) beat it: read what it is.
-                Err(StoreError::Conflict) => {}
-                Err(e) => return BesideFate::Unknown(e.into()),
+            let found =
+                match fetch_segment(&self.store, &self.caches.segments, key.to_owned()).await? {
+                    Some(s) if s.void => Found::Void,
+                    Some(_) => Found::Segment,
+                    None => Found::Nothing,
+                };
+            let now = self.clock.now_ms();
+            let resolution = match (found, give_up) {
+                (Found::Nothing, true) => Resolution::MakeVoid,
+                _ => beside::resolve(found, written_ms, now),
+            };
+            match resolution {
+                Resolution::Stored => return Ok(Some(Decided::Stored)),
+                Resolution::Void => return Ok(Some(Decided::Void)),
+                Resolution::Wait => return Ok(None),
+                Resolution::MakeVoid => match self.store.put_if_absent(key, marker.clone()).await {
+                    Ok(_) => return Ok(Some(Decided::Void)),
+                    // The segment (or a marker) beat it: read what it is.
+                    Err(StoreError::Conflict) => {}
+                    Err(e) => return Err(e.into()),
+                },
             }
         }
-        BesideFate::Unknown(BrokerError::OutcomeUnknown(format!(
+        Err(BrokerError::OutcomeUnknown(format!(
             "the fate of segment {key} could not be read"
         )))
     }
@@ -271,6 +338,16 @@ impl std::fmt::Debug for BesideWrite {
             .field("key", &self.key)
             .finish_non_exhaustive()
     }
+}
+
+/// Undecided segments a lease commit looks at, at most.
+const LOOK_AT_MOST: usize = 8;
+
+/// A decided segment's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decided {
+    Stored,
+    Void,
 }
 
 /// The PUT of a [`BesideWrite`]: running as a task, or done already.

@@ -12,11 +12,11 @@
 //!   producers only then; any reader learns it by reading the object.
 //! * a *void marker* (an object of its own magic bytes): **void**. Written with
 //!   `If-None-Match: *` by whoever gives up on a segment: its writer when the PUT failed,
-//!   anyone once the id is old enough (seconds) and nothing is there. Exactly one
+//!   anyone once the id is older than [`DECIDE_AFTER_MS`] and nothing is there. Exactly one
 //!   of the segment and the marker is ever stored, so a writer whose PUT lands later gets
 //!   a conflict and answers its producers that nothing was stored; a void segment's
 //!   offsets hold no message (a delivery that meets the marker settles them).
-//! * nothing yet, and young: **undecided**, look again later.
+//! * nothing yet, and younger than [`DECIDE_AFTER_MS`]: **undecided**, look again later.
 //!
 //! A commit removes the ids it learnt the fate of from [`Manifest::beside`]
 //! ([`decide`]); from then on their offsets are ordinary.
@@ -24,11 +24,56 @@
 //! Built so far (issue 57, in progress): the manifest's side, here and in leasing,
 //! folding, compaction and retention, behind manifest format 7; the writer's side at
 //! fleet level 7 (`commit/write.rs`, `commit/batch.rs`), which no build runs at yet
-//! ([`crate::formats::Level::writes_beside`]). To come before it does: the look a lease
-//! commit of another process takes at undecided segments, and delivery and replay
-//! meeting a void marker.
+//! ([`crate::formats::Level::writes_beside`]), and the look a lease commit takes at the
+//! undecided segments it would lease from (`Committer::look_beside`). To come before it
+//! runs: delivery and replay meeting a void marker, a subscription's lease deciding
+//! segments too, and a waiting consume looking again soon at a segment still on its way.
 
 use super::Manifest;
+
+/// How long after its id's time a segment written beside its manifest write may still be
+/// on its way: an undecided segment older than this, and not stored, is made void.
+/// Correctness does not depend on it (the marker and the segment are both written
+/// `If-None-Match: *`); it only bounds how long readers wait on a writer that died.
+pub(crate) const DECIDE_AFTER_MS: u64 = 10_000;
+
+/// What is stored at an undecided segment's key, as a reader found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The segment itself.
+    Segment,
+    /// The void marker.
+    Void,
+    /// Nothing.
+    Nothing,
+}
+
+/// What a reader does about an undecided segment it looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resolution {
+    /// Stored: its offsets are ordinary messages.
+    Stored,
+    /// Void: its offsets hold no message.
+    Void,
+    /// Possibly still on its way: leave it undecided and look again soon.
+    Wait,
+    /// Write the void marker (`If-None-Match: *`) and look again: the marker, or the
+    /// segment that beat it, decides.
+    MakeVoid,
+}
+
+/// What to do about the undecided segment written at `written_ms` (its id's time) when
+/// `found` is at its key at `now_ms`.
+pub(crate) fn resolve(found: Found, written_ms: u64, now_ms: u64) -> Resolution {
+    match found {
+        Found::Segment => Resolution::Stored,
+        Found::Void => Resolution::Void,
+        Found::Nothing if now_ms.saturating_sub(written_ms) >= DECIDE_AFTER_MS => {
+            Resolution::MakeVoid
+        }
+        Found::Nothing => Resolution::Wait,
+    }
+}
 
 /// The end (exclusive) of the run of offsets of the undecided segment holding `offset`;
 /// `None` when `offset` is in no undecided segment.
@@ -90,6 +135,20 @@ mod tests {
     use super::*;
     use crate::partition::ledger::Ledger;
     use crate::partition::testing::manifest_of;
+
+    #[test]
+    fn only_the_object_at_the_key_decides_and_nothing_is_voided_young() {
+        use Resolution::*;
+        let t = 1_000_000;
+        assert_eq!(resolve(Found::Segment, t, t), Stored);
+        assert_eq!(resolve(Found::Segment, t, t + 10 * DECIDE_AFTER_MS), Stored);
+        assert_eq!(resolve(Found::Void, t, t), Void);
+        assert_eq!(resolve(Found::Nothing, t, t), Wait);
+        assert_eq!(resolve(Found::Nothing, t, t + DECIDE_AFTER_MS - 1), Wait);
+        assert_eq!(resolve(Found::Nothing, t, t + DECIDE_AFTER_MS), MakeVoid);
+        // A clock behind the writer's never voids.
+        assert_eq!(resolve(Found::Nothing, t, t - 5), Wait);
+    }
 
     #[test]
     fn an_undecided_segment_is_neither_available_nor_settled_until_decided() {
