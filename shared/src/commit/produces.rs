@@ -94,6 +94,9 @@ impl Committer {
 /// names it: at fleet level 7, for an ordinary segment (not `combinable`) going to a
 /// manifest that exists (a commit creating one confirms the topic record first, and a
 /// segment then costs no round trip of its own) whose topic needs no check before it.
+/// The caller asks it only of produces without idempotency keys or delays: a key is
+/// remembered at its offset the moment the manifest lands, and a retry of its produce
+/// would be answered from an offset whose segment may turn out void.
 fn writes_beside(c: &Committer, combinable: bool, check: TopicCheck, state: &Manifest) -> bool {
     c.writes_beside()
         && !combinable
@@ -227,7 +230,8 @@ impl Produces {
                 let after = (combining && combinable(batch)).then_some(state.ids_above());
                 let check = c.segment_check(topic, after.is_some(), !state.stored());
                 self.confirmed = check.confirms();
-                let written = match writes_beside(c, after.is_some(), check, state) {
+                let beside = combinable(batch) && writes_beside(c, after.is_some(), check, state);
+                let written = match beside {
                     true => c.write_beside(q, messages).await.map(|(seg, w)| {
                         self.beside = Some(w);
                         seg

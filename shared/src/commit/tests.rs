@@ -792,10 +792,13 @@ async fn at_level_7_a_lease_of_another_process_decides_what_it_finds() {
     writer.produce(&w.topic, 0, message(&w)).await.unwrap();
     assert_eq!(manifest(&w).await.beside.len(), 1);
     let lease = |max| reader.lease((&w.topic, Group::Default), 0, (max, u64::MAX));
-    let offsets = |a: super::LeaseAnswer| -> Vec<u64> {
-        a.leased.grants.iter().map(|g| g.offset).collect()
-    };
-    assert_eq!(offsets(lease(10).await.unwrap()), vec![0, 1], "found stored");
+    let offsets =
+        |a: super::LeaseAnswer| -> Vec<u64> { a.leased.grants.iter().map(|g| g.offset).collect() };
+    assert_eq!(
+        offsets(lease(10).await.unwrap()),
+        vec![0, 1],
+        "found stored"
+    );
     assert!(manifest(&w).await.beside.is_empty());
 
     // A segment whose PUT failed and whose writer could not write the marker either.
@@ -808,7 +811,10 @@ async fn at_level_7_a_lease_of_another_process_decides_what_it_finds() {
     assert!(m.beside.contains(&id) && m.next_offset == 3, "{m:?}");
     let key = keys::segment("t", 0, &id);
     assert!(w.store.get(&key).await.unwrap().is_none());
-    assert!(offsets(lease(10).await.unwrap()).is_empty(), "young: waited for");
+    assert!(
+        offsets(lease(10).await.unwrap()).is_empty(),
+        "young: waited for"
+    );
     assert!(manifest(&w).await.beside.contains(&id));
     w.clock.advance(crate::partition::beside::DECIDE_AFTER_MS);
     // Decided void: its offset is an ordinary one now (a delivery meets the marker).
@@ -816,4 +822,21 @@ async fn at_level_7_a_lease_of_another_process_decides_what_it_finds() {
     assert!(manifest(&w).await.beside.is_empty());
     let marker = w.store.get(&key).await.unwrap().unwrap();
     assert_eq!(&marker.data[..], b"NSG4");
+}
+
+/// A produce with an idempotency key is never written beside its manifest write: its key
+/// is remembered at its offset the moment the manifest lands, and a retry would be
+/// answered from an offset whose segment might turn out void (the seeded fault suite at
+/// level 7 found exactly that).
+#[tokio::test(flavor = "current_thread")]
+async fn at_level_7_a_produce_with_an_idempotency_key_writes_its_segment_first() {
+    let w = world().await;
+    let p = process_at_7(&w, w.store.clone());
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    let mut keyed = message(&w);
+    keyed[0].idempotency_key = Some("k1".into());
+    p.produce(&w.topic, 0, keyed).await.unwrap();
+    assert!(manifest(&w).await.beside.is_empty(), "the ordinary way");
+    p.produce(&w.topic, 0, message(&w)).await.unwrap();
+    assert_eq!(manifest(&w).await.beside.len(), 1, "keyless: beside");
 }
