@@ -205,7 +205,8 @@ async fn newer_segments_are_answered_upgrade_required_and_never_rewritten() {
     let handle = held["receipt_handle"].as_str().unwrap().to_owned();
     let prefix = "topics/seg/0/segments/";
     for k in s.store.list(prefix).await.unwrap() {
-        bump_magic(&s.store, &k, b'4').await;
+        // `NSG5`: `NSG4` is the void marker (docs/design.md §6).
+        bump_magic(&s.store, &k, b'5').await;
     }
     let newer = snapshot(&s.store, prefix).await;
     assert_eq!(newer.len(), 3);
