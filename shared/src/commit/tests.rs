@@ -76,13 +76,18 @@ fn losing_store(w: &World) -> Arc<FaultStore> {
 
 /// A process: a committer of its own over `store`.
 fn process(w: &World, store: DynStore) -> Arc<Committer> {
+    process_at(w, store, Level::NEWEST)
+}
+
+/// A process at fleet level `level`.
+fn process_at(w: &World, store: DynStore, level: Level) -> Arc<Committer> {
     Arc::new(Committer::new(
         store,
         Arc::new(RandomIds),
         Arc::new(w.clock.clone()),
         Caches::new(1 << 20),
         Duration::ZERO,
-        (FleetLevel::fixed(Level::NEWEST), Arc::default()),
+        (FleetLevel::fixed(level), Arc::default()),
     ))
 }
 
@@ -664,14 +669,7 @@ async fn the_next_commit_waits_for_a_checkpoint_write_but_not_for_the_old_ones_d
 
 /// A process at fleet level 7, where segments may be written beside the manifest write.
 fn process_at_7(w: &World, store: DynStore) -> Arc<Committer> {
-    Arc::new(Committer::new(
-        store,
-        Arc::new(RandomIds),
-        Arc::new(w.clock.clone()),
-        Caches::new(1 << 20),
-        Duration::ZERO,
-        (FleetLevel::fixed(Level(7)), Arc::default()),
-    ))
+    process_at(w, store, Level(7))
 }
 
 /// At fleet level 7 a produce to an existing manifest writes its segment beside the

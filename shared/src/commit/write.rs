@@ -73,10 +73,11 @@ impl Committer {
         combinable_after: Option<&str>,
         check: TopicCheck,
     ) -> BrokerResult<SegmentRef> {
-        let last_produced_ms = messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0);
-        let bytes = messages.iter().map(|m| m.payload.len() as u64).sum();
-        let count = messages.len() as u32;
         let seg = Segment::new(messages);
+        let (count, bytes) = (
+            seg.messages.len() as u32,
+            seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
+        );
         let now = self.clock.now_ms();
         let id = match combinable_after {
             Some(after) if self.tags_segments() => {
@@ -106,15 +107,10 @@ impl Committer {
                 put?;
             }
         }
+        let seg_ref = SegmentRef::of(id, &seg);
         // Consumers in this process read it from memory.
         self.caches.segments.put(key, Arc::new(seg));
-        Ok(SegmentRef {
-            id,
-            base_offset: 0,
-            count,
-            last_produced_ms,
-            bytes,
-        })
+        Ok(seg_ref)
     }
 
     /// Starts writing the segment of `messages` beside the manifest write that will name
@@ -130,18 +126,8 @@ impl Committer {
         messages: Vec<StoredMessage>,
     ) -> BrokerResult<(SegmentRef, BesideWrite)> {
         let seg = Segment::new(messages);
-        let seg_ref = SegmentRef {
-            id: keys::segment_id(self.clock.now_ms(), &self.ids.new_id()),
-            base_offset: 0,
-            count: seg.messages.len() as u32,
-            last_produced_ms: seg
-                .messages
-                .iter()
-                .map(|m| m.produced_at_ms)
-                .max()
-                .unwrap_or(0),
-            bytes: seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
-        };
+        let id = keys::segment_id(self.clock.now_ms(), &self.ids.new_id());
+        let seg_ref = SegmentRef::of(id, &seg);
         let key = keys::segment(&q.topic, q.partition, &seg_ref.id);
         let body = seg.encode(self.level.get())?;
         let (store, k) = (self.store.clone(), key.clone());

@@ -150,6 +150,20 @@ pub struct SegmentRef {
     pub bytes: u64,
 }
 
+impl SegmentRef {
+    /// The ref of segment `id` holding `seg`'s messages, not yet placed (base offset 0).
+    pub(crate) fn of(id: String, seg: &crate::segment::Segment) -> Self {
+        let messages = &seg.messages;
+        SegmentRef {
+            id,
+            base_offset: 0,
+            count: messages.len() as u32,
+            last_produced_ms: messages.iter().map(|m| m.produced_at_ms).max().unwrap_or(0),
+            bytes: messages.iter().map(|m| m.payload.len() as u64).sum(),
+        }
+    }
+}
+
 /// Delivery state of an unsettled message that has been delivered at least once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Lease {

@@ -71,18 +71,7 @@ impl Evidence {
         if !keys.is_empty() {
             self.keys.insert(id.clone(), keys);
         }
-        self.unnamed.push(SegmentRef {
-            id,
-            base_offset: 0,
-            count: seg.messages.len() as u32,
-            last_produced_ms: seg
-                .messages
-                .iter()
-                .map(|m| m.produced_at_ms)
-                .max()
-                .unwrap_or(0),
-            bytes: seg.messages.iter().map(|m| m.payload.len() as u64).sum(),
-        });
+        self.unnamed.push(SegmentRef::of(id, seg));
     }
 }
 

@@ -36,11 +36,7 @@ impl ReplaceHook {
         inner: DynStore,
         hook: impl Fn(&str) -> Option<StoreError> + Send + Sync + 'static,
     ) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            hook: Box::new(hook),
-            creates: false,
-        })
+        Self::on(inner, Box::new(hook), false)
     }
 
     /// Wraps `inner`; `hook` decides each conditional create (`If-None-Match: *`).
@@ -48,10 +44,14 @@ impl ReplaceHook {
         inner: DynStore,
         hook: impl Fn(&str) -> Option<StoreError> + Send + Sync + 'static,
     ) -> Arc<Self> {
+        Self::on(inner, Box::new(hook), true)
+    }
+
+    fn on(inner: DynStore, hook: Hook, creates: bool) -> Arc<Self> {
         Arc::new(Self {
             inner,
-            hook: Box::new(hook),
-            creates: true,
+            hook,
+            creates,
         })
     }
 }
