@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::long_poll::{Gauge, Waiting};
+use super::read::AtOffset;
 use super::sticky::Kind;
 use super::subscriptions::Group;
 use super::watch::{Seen, View, Watch};
@@ -35,6 +36,10 @@ pub const MAX_CONSUME_BATCH: usize = 100;
 /// Most bytes of JSON one consume response carries, its first message excepted (below
 /// Lambda's 6 MB response limit, with room for API Gateway's envelope).
 pub const MAX_CONSUME_RESPONSE_BYTES: usize = 4 << 20;
+
+/// Leases one consume takes of a partition at most while each meets only void offsets
+/// (never a message: settled instead, [`Broker::deliver`]).
+const LEASES_PAST_VOID: usize = 4;
 
 /// An upper bound of the JSON one delivery adds to a response: the payload grows by half
 /// at most (`payload.rs`), a key by six times (escaping), and the handle and fields take
@@ -268,22 +273,30 @@ impl Broker {
                 }
                 continue;
             }
-            // Payload bytes by estimate: the rendered bound is about 1.5 times that.
-            let room = (MAX_CONSUME_RESPONSE_BYTES - used) as u64 * 2 / 3;
-            let want = (max - out.len(), room);
-            let answer = match group {
-                Group::Default => {
-                    let likely = self.committer.likely_segment(topic, p);
-                    let lease = self.committer.lease((topic, group), p, want);
-                    let (answer, ()) =
-                        futures::join!(lease, self.read_beside(&topic.name, p, likely));
-                    answer?
-                }
-                Group::Named(..) => self.committer.lease((topic, group), p, want).await?,
-            };
             let before = out.len();
-            self.take_leased(topic, group, p, answer, &mut out, &mut used)
-                .await?;
+            // A lease that met only void offsets (settled meanwhile) leases again, a few
+            // times: a consume does not come back empty while messages wait behind them.
+            for _ in 0..LEASES_PAST_VOID {
+                // Payload bytes by estimate: the rendered bound is about 1.5 times that.
+                let room = (MAX_CONSUME_RESPONSE_BYTES - used) as u64 * 2 / 3;
+                let want = (max - out.len(), room);
+                let answer = match group {
+                    Group::Default => {
+                        let likely = self.committer.likely_segment(topic, p);
+                        let lease = self.committer.lease((topic, group), p, want);
+                        let (answer, ()) =
+                            futures::join!(lease, self.read_beside(&topic.name, p, likely));
+                        answer?
+                    }
+                    Group::Named(..) => self.committer.lease((topic, group), p, want).await?,
+                };
+                let void = self
+                    .take_leased(topic, group, p, answer, &mut out, &mut used)
+                    .await?;
+                if void == 0 || out.len() > before {
+                    break;
+                }
+            }
             if out.len() > before {
                 let offsets: Vec<u64> = out[before..].iter().map(|d| d.offset).collect();
                 tracing::debug!(partition = p, ?offsets, "delivered");
@@ -299,7 +312,8 @@ impl Broker {
 
     /// Hands a lease answer's messages to the consumer: dead-letters those parked for it,
     /// reads and signs the rest into `out`, and releases any that would take the response
-    /// past [`MAX_CONSUME_RESPONSE_BYTES`] (`used` counts its bytes so far).
+    /// past [`MAX_CONSUME_RESPONSE_BYTES`] (`used` counts its bytes so far). Returns how
+    /// many of its offsets were void and settled instead ([`Broker::deliver`]).
     pub(super) async fn take_leased(
         &self,
         topic: &Topic,
@@ -308,12 +322,12 @@ impl Broker {
         answer: LeaseAnswer,
         out: &mut Vec<Delivery>,
         used: &mut usize,
-    ) -> BrokerResult<()> {
+    ) -> BrokerResult<usize> {
         for g in answer.leased.dead {
             self.dead_letter(topic, group, p, &answer.layout, g).await;
         }
         let grants = answer.leased.grants;
-        let delivered = self
+        let (delivered, void) = self
             .deliver(topic, group, p, &answer.layout, &grants, !answer.shared)
             .await?;
         for (d, g) in delivered {
@@ -327,12 +341,13 @@ impl Broker {
                 let _ = self.settle_in(topic, group, p, &release).await;
             }
         }
-        Ok(())
+        Ok(void)
     }
 
     /// Reads the leased messages (and, with `read_ahead`, the segments after them) and
     /// signs their handles. A message retention removed meanwhile is left out (its lease
-    /// then lapses harmlessly).
+    /// then lapses harmlessly); an offset of a void segment, which never held a message
+    /// ([`crate::partition::beside`]), is left out and acked.
     async fn deliver<'g>(
         &self,
         topic: &Topic,
@@ -341,7 +356,7 @@ impl Broker {
         layout: &Layout,
         grants: &'g [Grant],
         read_ahead: bool,
-    ) -> BrokerResult<Vec<(Delivery, &'g Grant)>> {
+    ) -> BrokerResult<(Vec<(Delivery, &'g Grant)>, usize)> {
         let offsets: Vec<u64> = grants.iter().map(|g| g.offset).collect();
         let follows = self.followed.lease(&topic.name, partition, &offsets);
         let messages = self
@@ -354,8 +369,16 @@ impl Broker {
             )
             .await?;
         let mut out = Vec::with_capacity(grants.len());
-        for (g, msg) in grants.iter().zip(messages) {
-            let Some(msg) = msg else { continue };
+        let mut void = Vec::new();
+        for (g, at) in grants.iter().zip(messages) {
+            let msg = match at {
+                AtOffset::Message(msg) => msg,
+                AtOffset::Void => {
+                    void.push((g.offset, g.lease_id, Settle::Ack));
+                    continue;
+                }
+                AtOffset::Gone | AtOffset::NotYet => continue,
+            };
             let claims = Claims {
                 topic: topic.name.clone(),
                 incarnation: crate::receipt::incarnation_tag(&topic.incarnation),
@@ -383,6 +406,12 @@ impl Broker {
             };
             out.push((d, g));
         }
-        Ok(out)
+        if !void.is_empty() {
+            // Offsets that never held a message: settled, so that nobody leases them
+            // again (one failing here lapses and is settled by the next delivery).
+            tracing::debug!(partition, offsets = ?void.iter().map(|v| v.0).collect::<Vec<_>>(), "settled void offsets");
+            let _ = self.settle_in(topic, group, partition, &void).await;
+        }
+        Ok((out, void.len()))
     }
 }

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
+use super::read::AtOffset;
 use super::subscriptions::Group;
 use super::{Broker, NewMessage, Settle};
 use crate::error::{BrokerError, BrokerResult};
@@ -62,7 +63,7 @@ impl Broker {
         let mut found = self
             .messages(&topic.name, partition, layout, &[g.offset], false)
             .await?;
-        if let Some(msg) = found.pop().flatten() {
+        if let Some(msg) = found.pop().and_then(AtOffset::message) {
             let mut origin = format!(
                 "{}\n{}\n{partition}\n{}",
                 topic.name, topic.incarnation, g.offset

@@ -306,7 +306,7 @@ impl Broker {
             Err(e) => Err(e),
         };
         match taken {
-            Ok(()) => Ok(deliveries),
+            Ok(_) => Ok(deliveries),
             Err(e) if !acked => Err(e),
             Err(e) => {
                 tracing::warn!(topic = %topic.name, partition = p, error = %e,

@@ -20,6 +20,32 @@ use crate::partition::index::{Entries, Index};
 use crate::partition::{Layout, SegmentRef};
 use crate::segment::{Segment, StoredMessage};
 
+/// What a read found at one offset ([`Broker::messages`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum AtOffset {
+    /// The message.
+    Message(StoredMessage),
+    /// Nothing any more: retention removed it (or the layout read is older than a
+    /// compaction whose replaced objects were deleted since).
+    Gone,
+    /// Nothing, ever: its segment was written beside its manifest write and made void
+    /// ([`crate::partition::beside`]).
+    Void,
+    /// Nothing yet: its segment, written beside its manifest write, is undecided and not
+    /// stored yet.
+    NotYet,
+}
+
+impl AtOffset {
+    /// The message, if there is one.
+    pub(super) fn message(self) -> Option<StoredMessage> {
+        match self {
+            AtOffset::Message(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
 /// Segments read ahead of the last one a consume read.
 pub(super) const READ_AHEAD_SEGMENTS: usize = 8;
 /// Most payload bytes one read-ahead fetches.
@@ -112,9 +138,9 @@ impl Broker {
         Reader::new(&self.store, &self.segments, &self.indexes)
     }
 
-    /// The messages at `offsets` (each `None` if retention removed it): their segments
-    /// are read at once, each once. For a consume (`read_ahead`) that has to read a
-    /// segment anyway, the segments after the last one are read in the same go.
+    /// What is at each of `offsets` ([`AtOffset`]): their segments are read at once,
+    /// each once. For a consume (`read_ahead`) that has to read a segment anyway, the
+    /// segments after the last one are read in the same go.
     ///
     /// Errors: store failures, [`BrokerError::Corrupt`].
     pub(super) async fn messages(
@@ -124,7 +150,7 @@ impl Broker {
         layout: &Layout,
         offsets: &[u64],
         read_ahead: bool,
-    ) -> BrokerResult<Vec<Option<StoredMessage>>> {
+    ) -> BrokerResult<Vec<AtOffset>> {
         let mut located = Vec::with_capacity(offsets.len());
         let mut wanted: BTreeMap<String, SegmentRef> = BTreeMap::new();
         let mut last = None;
@@ -164,14 +190,27 @@ impl Broker {
             .into_iter()
             .zip(offsets)
             .map(|(seg, &o)| {
-                let Some(seg) = seg else { return Ok(None) };
-                let Some(s) = loaded.get(&seg.id) else {
-                    return Ok(None);
+                let Some(seg) = seg else {
+                    return Ok(AtOffset::Gone);
                 };
+                let Some(s) = loaded.get(&seg.id) else {
+                    return Ok(if layout.undecided.contains(&seg.id) {
+                        AtOffset::NotYet
+                    } else {
+                        AtOffset::Gone
+                    });
+                };
+                if s.void {
+                    return Ok(AtOffset::Void);
+                }
                 let i = (o - seg.base_offset) as usize;
-                s.messages.get(i).cloned().map(Some).ok_or_else(|| {
-                    BrokerError::Corrupt(format!("segment {} has no message {i}", seg.id))
-                })
+                s.messages
+                    .get(i)
+                    .cloned()
+                    .map(AtOffset::Message)
+                    .ok_or_else(|| {
+                        BrokerError::Corrupt(format!("segment {} has no message {i}", seg.id))
+                    })
             })
             .collect()
     }

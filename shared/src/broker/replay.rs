@@ -10,6 +10,7 @@ use crate::runtime::Instant;
 use bytes::Bytes;
 
 use super::long_poll::Gauge;
+use super::read::AtOffset;
 use super::{check_partition, Broker, Delivery};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::{Layout, Located, Manifest};
@@ -67,11 +68,18 @@ impl Broker {
             let mut found = self
                 .messages(&topic.name, partition, &layout, &[offset], false)
                 .await?;
-            Ok::<_, BrokerError>(found.pop().flatten())
+            // A void segment's offset never held a message; an undecided one not stored
+            // yet is not there yet (a replay waiting for it looks again).
+            match found.pop().unwrap_or(AtOffset::Gone) {
+                AtOffset::Message(m) => Ok(Some(m)),
+                AtOffset::Void => Err(BrokerError::MessageNotFound),
+                AtOffset::NotYet => Ok(None),
+                AtOffset::Gone => Err(BrokerError::OffsetExpired(offset)),
+            }
         };
-        let mut msg = read(layout).await?;
+        let mut msg = read(layout).await;
         let mut delivery_count = delivery_count;
-        if msg.is_none() && from_view {
+        if matches!(msg, Err(BrokerError::OffsetExpired(_))) && from_view {
             // A kept layout may name objects that compaction replaced and garbage
             // collection deleted since: only a current manifest may say "expired".
             self.views.forget(&key);
@@ -80,9 +88,11 @@ impl Broker {
             if offset < layout.start_offset {
                 return Err(BrokerError::OffsetExpired(offset));
             }
-            msg = read(layout).await?;
+            msg = read(layout).await;
         }
-        let msg = msg.ok_or(BrokerError::OffsetExpired(offset))?;
+        let Some(msg) = msg? else {
+            return Ok(None);
+        };
         Ok(Some(Delivery {
             topic: topic.name.clone(),
             partition,

@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 
+use super::read::AtOffset;
 use super::topic_cache::{Load, Lookup, Refresh};
 use super::Broker;
 use crate::cas::{Cell, Decision, Pure, Snapshot, Stored};
@@ -194,6 +195,9 @@ impl Broker {
             )
             .await?;
         let topic = self.remember(name, snap)?;
+        if created == Created::New {
+            self.committer.created(&topic);
+        }
         Ok((created, topic))
     }
 
@@ -455,7 +459,9 @@ impl Broker {
             .await?;
         let age = |o: Option<u64>| {
             let i = offsets.iter().position(|x| Some(*x) == o)?;
-            let msg = found.get(i)?.as_ref()?;
+            let AtOffset::Message(msg) = found.get(i)? else {
+                return None;
+            };
             Some(now.saturating_sub(msg.produced_at_ms))
         };
         Ok((age(unsettled), age(available)))

@@ -26,7 +26,7 @@ use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
 use super::write::BesideFate;
-use super::{lock, Committer, Pending, Queue, TopicSeen};
+use super::{lock, Committer, Pending, Queue, TopicSeen, CREATED_COUNTS_AS_READ};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -169,10 +169,18 @@ impl<'a> BatchCommit<'a> {
         turn: Turn,
     ) -> Self {
         let Work {
-            mut batch, topic, ..
+            mut batch,
+            mut topic,
+            ..
         } = work;
         let (keys, decided) = {
             let mut st = lock(&q.state);
+            let created = st
+                .more
+                .created
+                .filter(|t| t.elapsed() < CREATED_COUNTS_AS_READ);
+            // This process wrote the record a moment ago: as good as the request's read.
+            topic.fresh |= created.is_some();
             (std::mem::take(&mut st.more.keys), st.more.decided.clone())
         };
         let (produces, landing) = match head {
@@ -325,8 +333,11 @@ impl Change<Manifest> for BatchCommit<'_> {
         if !state.beside.is_empty() && (!self.batch.leases.is_empty() || self.landing.leases()) {
             // Leases take nothing undecided: look at what was written beside its manifest
             // write (the delivery would read the segment anyway).
-            let learnt = c.look_beside(q, state, &self.decided).await;
+            let learnt = c
+                .look_beside((&q.topic, q.partition), state, &self.decided)
+                .await;
             self.decided.extend(learnt);
+            lock(&q.state).more.looked = Some(state.version);
         }
         if self.batch.leases.iter().any(|op| op.rules.ordered)
             || (self.batch.rules.ordered && self.landing.leases())

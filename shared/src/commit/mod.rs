@@ -193,7 +193,21 @@ struct PartitionMore {
     /// learnt and the manifest may still name undecided: the next commit decides them
     /// ([`crate::partition::beside`]).
     decided: Vec<String>,
+    /// The manifest version whose undecided segments a lease commit of this process
+    /// looked at last: until one has, a waiting consume does not count the partition
+    /// quiet ([`Committer::peek_partition`]).
+    looked: Option<u64>,
+    /// When this process created the topic ([`Committer::created`]): for
+    /// [`CREATED_COUNTS_AS_READ`] after it, its own write of the record counts as a read
+    /// by the request, so a commit creating the manifest need not confirm the record.
+    created: Option<crate::runtime::Instant>,
 }
+
+/// How long after a process created a topic its own write of the record counts, for a
+/// commit creating a manifest, as the request's read of it (`commit/write.rs`,
+/// [`write::TopicCheck::Read`]): a delete landing meanwhile goes unseen for as long as it
+/// does behind a request that read the record itself and waited for a commit.
+const CREATED_COUNTS_AS_READ: Duration = Duration::from_secs(1);
 
 /// One partition's queue.
 struct Queue {
@@ -554,7 +568,8 @@ impl Committer {
 
     /// The default group's peek: [`Peek::Unknown`] when this process holds no snapshot
     /// (never committed or read here), [`Peek::Busy`] while operations are queued or a
-    /// batch is running, else the cached snapshot's ETag and [`lease::quiet_until`] on it.
+    /// batch is running, else the cached snapshot's ETag and [`lease::quiet_until`] on it
+    /// (not quiet while it names undecided segments no lease here looked at yet).
     fn peek_partition(&self, topic: &Topic, partition: u32) -> Peek {
         let key = (topic.name.clone(), topic.incarnation.clone(), partition);
         let Some(queue) = lock(&self.queues).get(&key).cloned() else {
@@ -566,15 +581,20 @@ impl Committer {
         }
         match &st.held {
             None => Peek::Unknown,
-            Some(snap) => Peek::Known {
-                etag: snap.etag.clone(),
-                quiet_until: lease::quiet_until(
-                    &snap.value,
-                    self.clock.now_ms(),
-                    &Rules::from(&topic.settings),
-                    &st.more.keys,
-                ),
-            },
+            Some(snap) => {
+                let m = &snap.value;
+                // Undecided segments nobody here looked at yet: a lease would look.
+                let unlooked = !m.beside.is_empty() && st.more.looked != Some(m.version);
+                let now = self.clock.now_ms();
+                let rules = Rules::from(&topic.settings);
+                Peek::Known {
+                    etag: snap.etag.clone(),
+                    quiet_until: match unlooked {
+                        true => None,
+                        false => lease::quiet_until(m, now, &rules, &st.more.keys),
+                    },
+                }
+            }
         }
     }
 
@@ -649,6 +669,25 @@ impl Committer {
             span: tracing::Span::current(),
         });
         self.enqueue_on(&queue, pending);
+    }
+
+    /// Tells this process that it just created `topic`: no partition has a manifest yet,
+    /// so the first commit of each creates one without reading it first, and, within
+    /// [`CREATED_COUNTS_AS_READ`], without confirming the record it just wrote. Only a
+    /// guess to start from: the create is conditional, and a manifest another process
+    /// wrote meanwhile costs that commit a read, as any stale copy does.
+    pub(crate) fn created(&self, topic: &Topic) {
+        for p in 0..topic.settings.partitions {
+            let queue = self.queue(topic, p);
+            let mut st = lock(&queue.state);
+            if st.held.is_none() {
+                st.held = Some(Snapshot {
+                    value: Manifest::empty(&topic.incarnation),
+                    etag: None,
+                });
+            }
+            st.more.created = Some(crate::runtime::now());
+        }
     }
 
     /// The partition's queue, made on first use.
@@ -751,9 +790,13 @@ impl Drained for Queue {
     /// taken earlier it would carry fewer). Not behind a bigger batch: clients that share
     /// commits come back together when answered, and a batch taken ahead of them splits
     /// them into two groups that each pay a segment and a manifest write, for no more
-    /// throughput (docs/benchmarks.md, "Taking a batch ahead").
+    /// throughput (docs/benchmarks.md, "Taking a batch ahead"). Not at fleet level 7,
+    /// where its commit writes the segment beside the manifest write: it ends one round
+    /// trip after the commit ahead of it lands, and a segment written ahead one round trip
+    /// after its produce arrived, which is later.
     fn takes_ahead(c: &Committer, st: &QueueState<Self>, n: usize) -> bool {
         st.last_batch <= 1
+            && !c.writes_beside()
             && c.store.key_write_interval().is_zero()
             && !st.role.contended(crate::runtime::now())
             && produces::writes_early(&st.pending[..n])

@@ -90,18 +90,16 @@ impl Committer {
     }
 }
 
-/// Whether a segment planned against `state` is written beside the manifest write that
-/// names it: at fleet level 7, for an ordinary segment (not `combinable`) going to a
-/// manifest that exists (a commit creating one confirms the topic record first, and a
-/// segment then costs no round trip of its own) whose topic needs no check before it.
-/// The caller asks it only of produces without idempotency keys or delays: a key is
-/// remembered at its offset the moment the manifest lands, and a retry of its produce
-/// would be answered from an offset whose segment may turn out void.
-fn writes_beside(c: &Committer, combinable: bool, check: TopicCheck, state: &Manifest) -> bool {
-    c.writes_beside()
-        && !combinable
-        && state.stored()
-        && matches!(check, TopicCheck::Read | TopicCheck::NotNeeded)
+/// Whether a segment is written beside the manifest write that names it: at fleet level
+/// 7, for an ordinary segment (not `combinable`) whose topic record needs no check before
+/// the manifest write: one going to a manifest that exists, or one whose request read the
+/// record itself (a commit creating the manifest otherwise confirms the record first, and
+/// the segment rides along that check). The caller asks it only of produces without
+/// idempotency keys or delays: a key is remembered at its offset the moment the manifest
+/// lands, and a retry of its produce would be answered from an offset whose segment may
+/// turn out void.
+fn writes_beside(c: &Committer, combinable: bool, check: TopicCheck) -> bool {
+    c.writes_beside() && !combinable && matches!(check, TopicCheck::Read | TopicCheck::NotNeeded)
 }
 
 /// Whether `batch` has produces and none carries an idempotency key or a delay: its
@@ -230,7 +228,7 @@ impl Produces {
                 let after = (combining && combinable(batch)).then_some(state.ids_above());
                 let check = c.segment_check(topic, after.is_some(), !state.stored());
                 self.confirmed = check.confirms();
-                let beside = combinable(batch) && writes_beside(c, after.is_some(), check, state);
+                let beside = combinable(batch) && writes_beside(c, after.is_some(), check);
                 let written = match beside {
                     true => c.write_beside(q, messages).await.map(|(seg, w)| {
                         self.beside = Some(w);

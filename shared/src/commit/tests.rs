@@ -569,45 +569,55 @@ async fn a_segment_older_than_the_segment_age_is_never_committed() {
     assert!(m.segments.iter().all(|s| s.id != written[0]));
 }
 
-/// A produce that arrives while a commit is in flight is taken ahead: its segment is
-/// written beside that commit's manifest write, and its own manifest write starts the
-/// moment that one lands (`commit/queue.rs`). Behind a store that answers in 20 ms it is
-/// answered one manifest write after the first, not a segment write and a manifest write
-/// after, and in order.
+/// A produce that arrives while a commit is in flight starts its own commit the moment
+/// that one lands, before it is answered, and is answered one manifest write after it,
+/// in order. Below fleet level 7 it is taken ahead: its segment is written beside that
+/// commit's manifest write (`commit/queue.rs`), not a segment write and a manifest write
+/// after. At level 7 both commits are one round trip each, the segment beside the
+/// manifest write, and nothing is taken ahead: a segment written ahead would end a round
+/// trip after its produce arrived, later than the commit it waits for.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_produce_arriving_during_a_commit_starts_its_own_before_that_commit_answers() {
     const RTT: Duration = Duration::from_millis(20);
-    let w = world().await;
-    let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
-    let p = process(&w, Arc::new(store));
-    // The manifest exists and this process holds it.
-    p.produce(&w.topic, 0, message(&w)).await.unwrap();
-    let before = segment_ids(&w).await;
-    let produce = |p: &Arc<Committer>| {
-        let (p, t, m) = (p.clone(), w.topic.clone(), message(&w));
-        tokio::spawn(async move { p.produce(&t, 0, m).await })
-    };
-    let start = tokio::time::Instant::now();
-    let first = produce(&p);
-    // The first batch is writing its segment.
-    tokio::time::sleep(RTT / 4).await;
-    let second = produce(&p);
-    let a = first.await.unwrap().unwrap();
-    let first_at = start.elapsed();
-    assert_eq!(
-        segment_ids(&w).await.len(),
-        before.len() + 2,
-        "the second produce's segment was written before the first was answered"
-    );
-    let b = second.await.unwrap().unwrap();
-    let second_at = start.elapsed();
-    assert_eq!(b[0], a[0] + 1, "in order");
-    assert!(
-        second_at - first_at < RTT + RTT / 2,
-        "answered {:?} after the first: one manifest write",
-        second_at - first_at
-    );
-    assert_eq!(manifest(&w).await.next_offset, b[0] + 1);
+    for level in [Level(6), Level(7)] {
+        let w = world().await;
+        let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
+        let p = process_at(&w, Arc::new(store), level);
+        // The manifest exists and this process holds it.
+        p.produce(&w.topic, 0, message(&w)).await.unwrap();
+        let before = segment_ids(&w).await;
+        let produce = |p: &Arc<Committer>| {
+            let (p, t, m) = (p.clone(), w.topic.clone(), message(&w));
+            tokio::spawn(async move { p.produce(&t, 0, m).await })
+        };
+        let start = tokio::time::Instant::now();
+        let first = produce(&p);
+        // The first batch is writing its segment.
+        tokio::time::sleep(RTT / 4).await;
+        let second = produce(&p);
+        let a = first.await.unwrap().unwrap();
+        let first_at = start.elapsed();
+        let written = segment_ids(&w).await.len() - before.len();
+        let b = second.await.unwrap().unwrap();
+        let second_at = start.elapsed();
+        assert_eq!(b[0], a[0] + 1, "in order");
+        if level.writes_beside() {
+            assert_eq!(first_at, RTT, "one round trip");
+            assert_eq!(written, 1, "nothing was taken ahead");
+        } else {
+            assert_eq!(first_at, RTT * 2, "a segment write, then a manifest write");
+            assert_eq!(
+                written, 2,
+                "the second produce's segment was written before the first was answered"
+            );
+        }
+        assert!(
+            second_at - first_at <= RTT + RTT / 4,
+            "level {level}: answered {:?} after the first: one manifest write",
+            second_at - first_at
+        );
+        assert_eq!(manifest(&w).await.next_offset, b[0] + 1);
+    }
 }
 
 /// A commit whose retention drops segments deletes them beside the next commit (the
@@ -672,19 +682,23 @@ fn process_at_7(w: &World, store: DynStore) -> Arc<Committer> {
     process_at(w, store, Level(7))
 }
 
-/// At fleet level 7 a produce to an existing manifest writes its segment beside the
-/// manifest write: one round trip, not two. The manifest names the segment undecided
-/// until the writer's next commit, which decides it; its producer is answered only once
-/// the segment is stored, and a lease in the writer's process decides it too.
+/// At fleet level 7 a produce writes its segment beside the manifest write (to a
+/// manifest that exists, or creating one for a request that read the topic record
+/// itself): one round trip, not two. The manifest names the segment undecided until the
+/// writer's next commit, which decides it; its producer is answered only once the
+/// segment is stored, and a lease in the writer's process decides it too.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn at_level_7_a_produce_commits_in_one_round_trip_and_its_next_commit_decides_it() {
     const RTT: Duration = Duration::from_millis(20);
     let w = world().await;
     let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
     let p = process_at_7(&w, Arc::new(store));
-    // The first produce creates the manifest the ordinary way.
+    // The first produce reads that there is no manifest, then creates it with its segment
+    // beside (its request read the topic record itself: nothing to confirm).
+    let start = tokio::time::Instant::now();
     p.produce(&w.topic, 0, message(&w)).await.unwrap();
-    assert!(manifest(&w).await.beside.is_empty());
+    assert_eq!(start.elapsed(), RTT * 2, "a read, then both writes at once");
+    assert_eq!(manifest(&w).await.beside.len(), 1);
     let start = tokio::time::Instant::now();
     let second = p.produce(&w.topic, 0, message(&w)).await.unwrap();
     assert_eq!(start.elapsed(), RTT, "segment and manifest written at once");
@@ -713,6 +727,38 @@ async fn at_level_7_a_produce_commits_in_one_round_trip_and_its_next_commit_deci
         raw.contains("\"format\":4,"),
         "none undecided: the older format again"
     );
+}
+
+/// A process that just created the topic knows its partitions have no manifest and its
+/// record current: the first produce creates the manifest without reading it or
+/// confirming the record first. The guess is only a start: had
+/// another process written the manifest meanwhile, the conditional create fails and the
+/// commit reads it, as from any stale copy.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_process_that_created_the_topic_creates_its_manifests_without_reading_them() {
+    const RTT: Duration = Duration::from_millis(20);
+    let w = world().await;
+    let store: DynStore = Arc::new(crate::store::latency::LatencyStore::new(
+        w.store.clone(),
+        RTT,
+    ));
+    // Its requests take the record from the topic cache: its own write of it counts as
+    // their read, so nothing is confirmed before the manifest is created.
+    let mut topic = w.topic.clone();
+    topic.from_cache = true;
+    let creator = process_at_7(&w, store.clone());
+    creator.created(&topic);
+    let start = tokio::time::Instant::now();
+    assert_eq!(creator.produce(&topic, 0, message(&w)).await.unwrap(), [0]);
+    assert_eq!(
+        start.elapsed(),
+        RTT,
+        "no read, no check: both writes at once"
+    );
+    let other = process_at_7(&w, store);
+    other.created(&topic);
+    assert_eq!(other.produce(&topic, 0, message(&w)).await.unwrap(), [1]);
+    assert_eq!(manifest(&w).await.next_offset, 2);
 }
 
 /// The partition's manifest as stored.

@@ -189,7 +189,7 @@ impl Committer {
     /// failed read leaves its segment undecided.
     pub(super) async fn look_beside(
         &self,
-        q: &Queue,
+        (topic, partition): (&str, u32),
         state: &Manifest,
         known: &[String],
     ) -> Vec<String> {
@@ -199,7 +199,7 @@ impl Committer {
             .filter(|id| !known.contains(id))
             .take(LOOK_AT_MOST)
             .map(|id| async move {
-                let key = keys::segment(&q.topic, q.partition, id);
+                let key = keys::segment(topic, partition, id);
                 let written = keys::segment_time(id).unwrap_or(0);
                 match self.decide_at(&key, written, false).await {
                     Ok(Some(_)) => Some(id.clone()),

@@ -5,8 +5,9 @@
 //! series. A commit may instead send both at once, naming the segment in
 //! [`Manifest::beside`]: *undecided*, not yet known to be stored. Until its fate is
 //! decided its offsets are taken by nobody (no lease, no settle, no fold, no compaction);
-//! they count as neither available nor settled. The fate is the object at the segment's
-//! key, and only that:
+//! they are not settled, and count as available in the figures (their producers were
+//! answered; a lease decides them). The fate is the object at the segment's key, and only
+//! that:
 //!
 //! * the segment: **stored**. Its writer learns it when its PUT succeeds, and answers its
 //!   producers only then; any reader learns it by reading the object.
@@ -19,15 +20,22 @@
 //! * nothing yet, and younger than [`DECIDE_AFTER_MS`]: **undecided**, look again later.
 //!
 //! A commit removes the ids it learnt the fate of from [`Manifest::beside`]
-//! ([`decide`]); from then on their offsets are ordinary.
+//! ([`decide`]); from then on their offsets are ordinary. Who learns a fate:
 //!
-//! Built so far (issue 57, in progress): the manifest's side, here and in leasing,
-//! folding, compaction and retention, behind manifest format 7; the writer's side at
-//! fleet level 7 (`commit/write.rs`, `commit/batch.rs`), which no build runs at yet
-//! ([`crate::formats::Level::writes_beside`]), and the look a lease commit takes at the
-//! undecided segments it would lease from (`Committer::look_beside`). To come before it
-//! runs: delivery and replay meeting a void marker, a subscription's lease deciding
-//! segments too, and a waiting consume looking again soon at a segment still on its way.
+//! * the writer, when its PUT ends (`Committer::landed_beside`); its next commit decides;
+//! * a lease commit, which looks at the undecided segments it would lease from
+//!   (`Committer::look_beside`, through the segment cache the delivery reads anyway);
+//! * a subscription's batch, which decides them in its own copy of the log only (the log
+//!   is the partition's to write);
+//! * a waiting consume that found one not stored yet looks again soon ([`next_look`]),
+//!   not when the manifest next changes.
+//!
+//! A void segment's offsets are settled by the delivery that meets them (a consume then
+//! leases again), and a replay of one answers 404; a replay of an undecided one not stored
+//! yet is "not yet". A rebuild keeps the checkpoint's undecided set and leaves void markers
+//! out. Only produces without idempotency keys or delays are written this way: a key is
+//! remembered at its offset when the manifest lands, and a retry answered from a void
+//! offset would be a lost produce.
 
 use super::Manifest;
 
@@ -36,6 +44,10 @@ use super::Manifest;
 /// Correctness does not depend on it (the marker and the segment are both written
 /// `If-None-Match: *`); it only bounds how long readers wait on a writer that died.
 pub(crate) const DECIDE_AFTER_MS: u64 = 10_000;
+
+/// How soon a waiting reader that found an undecided segment not stored yet looks again,
+/// at the soonest and at the latest ([`next_look`]).
+pub(crate) const LOOK_AGAIN_MS: (u64, u64) = (25, 2_000);
 
 /// What is stored at an undecided segment's key, as a reader found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +87,23 @@ pub(crate) fn resolve(found: Found, written_ms: u64, now_ms: u64) -> Resolution 
     }
 }
 
+/// When a reader waiting on `m` at `now_ms` should look at its undecided segments again
+/// (`None`: there are none): after a quarter of the newest one's age, within
+/// [`LOOK_AGAIN_MS`]. A segment on its way is stored within about one round trip of its
+/// manifest write, so the first looks come soon; one whose writer died is made void only
+/// after [`DECIDE_AFTER_MS`], and meanwhile a waiter looks a few times, not every 25 ms.
+pub(crate) fn next_look(m: &Manifest, now_ms: u64) -> Option<u64> {
+    let newest = m.beside.iter().filter_map(|id| written_ms(id)).max()?;
+    let (soonest, latest) = LOOK_AGAIN_MS;
+    let wait = (now_ms.saturating_sub(newest) / 4).clamp(soonest, latest);
+    Some(now_ms.saturating_add(wait))
+}
+
+/// The time in a segment id, `{ms}-{unique}`.
+fn written_ms(id: &str) -> Option<u64> {
+    id.split_once('-').and_then(|(t, _)| t.parse().ok())
+}
+
 /// The end (exclusive) of the run of offsets of the undecided segment holding `offset`;
 /// `None` when `offset` is in no undecided segment.
 pub(crate) fn run(m: &Manifest, offset: u64) -> Option<u64> {
@@ -85,18 +114,6 @@ pub(crate) fn run(m: &Manifest, offset: u64) -> Option<u64> {
     m.beside
         .contains(&s.id)
         .then(|| s.base_offset + u64::from(s.count))
-}
-
-/// Offsets in undecided segments.
-pub(crate) fn undecided_count(m: &Manifest) -> u64 {
-    if m.beside.is_empty() {
-        return 0;
-    }
-    m.segments
-        .iter()
-        .filter(|s| m.beside.contains(&s.id))
-        .map(|s| u64::from(s.count))
-        .sum()
 }
 
 /// Names the segment `id`, just placed by this write, as written beside it.
@@ -151,7 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn an_undecided_segment_is_neither_available_nor_settled_until_decided() {
+    fn an_undecided_segment_is_neither_leased_nor_settled_until_decided() {
         // Three segments of 2: offsets 0..6, the middle one undecided.
         let mut m = manifest_of(&[2, 2, 2]);
         let middle = m.segments[1].id.clone();
@@ -160,15 +177,33 @@ mod tests {
         assert_eq!(run(&m, 2), Some(4));
         assert_eq!(run(&m, 3), Some(4));
         assert_eq!(run(&m, 4), None);
-        assert_eq!(undecided_count(&m), 2);
         assert!(!m.is_available(2, 0) && !m.is_available(3, 0));
         assert!(m.is_available(1, 0) && m.is_available(4, 0));
-        assert_eq!(Ledger::available_count(&m, 0), 4);
+        // Counted available all the same: a lease would look at it.
+        assert_eq!(Ledger::available_count(&m, 0), 6);
         assert_eq!(decided_prefix(&m, &m.segments), 1);
         assert_eq!(decide(&mut m, ["other", middle.as_str()]), 1);
         assert!(m.beside.is_empty() && m.is_available(2, 0));
         assert_eq!(Ledger::available_count(&m, 0), 6);
         assert_eq!(decided_prefix(&m, &m.segments), 3);
+    }
+
+    #[test]
+    fn a_waiter_looks_again_soon_at_a_young_segment_and_seldom_at_an_old_one() {
+        let mut m = manifest_of(&[1, 1]);
+        assert_eq!(next_look(&m, 5_000), None);
+        m.segments[0].id = "0000000001000-a".into();
+        m.segments[1].id = "0000000004000-b".into();
+        name(&mut m, "0000000001000-a");
+        // Only the old one: a quarter of its age.
+        assert_eq!(next_look(&m, 5_000), Some(6_000));
+        name(&mut m, "0000000004000-b");
+        // The newest sets it: just written, the soonest.
+        assert_eq!(next_look(&m, 4_000), Some(4_000 + LOOK_AGAIN_MS.0));
+        assert_eq!(next_look(&m, 4_400), Some(4_500));
+        // Never later than the latest, and a clock behind the writer's looks soon.
+        assert_eq!(next_look(&m, 60_000), Some(60_000 + LOOK_AGAIN_MS.1));
+        assert_eq!(next_look(&m, 3_000), Some(3_000 + LOOK_AGAIN_MS.0));
     }
 
     #[test]

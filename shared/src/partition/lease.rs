@@ -242,9 +242,10 @@ pub(crate) fn first_available(
 
 /// When a lease request on `m` could next get anything, if the manifest does not change
 /// meanwhile: `None` when it could now; else `Some(t)`, the earliest deadline of a live
-/// lease or end of a delay (`u64::MAX` when there is none), before which nothing can be
-/// granted. An idle waiter skips the partition until then (`broker/watch.rs`). On an
-/// ordered topic it needs the `keys` of the messages waiting behind their keys.
+/// lease, end of a delay or next look at an undecided segment
+/// ([`super::beside::next_look`]; `u64::MAX` when there is none), before which nothing
+/// can be granted. An idle waiter skips the partition until then (`broker/watch.rs`). On
+/// an ordered topic it needs the `keys` of the messages waiting behind their keys.
 pub(crate) fn quiet_until(m: &impl Ledger, now: u64, rules: &Rules, keys: &Keys) -> Option<u64> {
     let mut probe = Cursor::new(m, now, rules.ordered);
     if probe.pick(m, now, rules, keys).is_some() || probe.wants_key.is_some() {
@@ -253,7 +254,8 @@ pub(crate) fn quiet_until(m: &impl Ledger, now: u64, rules: &Rules, keys: &Keys)
     }
     let lapses = m.leases().values().map(|l| l.deadline_ms);
     let due = m.delayed().iter().map(|d| d.until_ms);
-    let next = lapses.chain(due).filter(|&d| d > now).min();
+    let look = m.next_look(now);
+    let next = lapses.chain(due).filter(|&d| d > now).chain(look).min();
     Some(next.unwrap_or(u64::MAX))
 }
 
@@ -355,6 +357,23 @@ mod tests {
         assert_eq!((got.dead[0].offset, got.dead[0].lease_id), (0, 4));
         assert_eq!(m.leases[&0].deadline_ms, 100 + DEAD_LETTER_PARK_MS);
         assert_eq!(m.leases[&0].delivery_count, 3, "parking is not a delivery");
+    }
+
+    #[test]
+    fn a_segment_still_undecided_is_looked_at_again_soon() {
+        let mut m = crate::partition::testing::manifest_of(&[1, 1]);
+        m.segments[1].id = "0000000001000-b".into();
+        crate::partition::beside::name(&mut m, "0000000001000-b");
+        leased(&mut m, &[0], 3, 60_000);
+        // Offset 1 is undecided: nothing to lease until a look decides it, and that is
+        // soon, not when the lease on 0 lapses.
+        let (soonest, _) = crate::partition::beside::LOOK_AGAIN_MS;
+        assert_eq!(
+            quiet_until(&m, 1_010, &rules(), &Keys::default()),
+            Some(1_010 + soonest)
+        );
+        crate::partition::beside::decide(&mut m, ["0000000001000-b"]);
+        assert_eq!(quiet_until(&m, 1_010, &rules(), &Keys::default()), None);
     }
 
     #[test]

@@ -57,8 +57,9 @@ pub(crate) trait Ledger {
     /// The log: the end of the run of offsets of the undecided segment holding `offset`
     /// ([`super::beside`]), if it is in one.
     fn undecided_run(&self, offset: u64) -> Option<u64>;
-    /// The log: offsets in undecided segments.
-    fn undecided_count(&self) -> u64;
+    /// The log: when a waiter should look at its undecided segments again
+    /// ([`super::beside::next_look`]).
+    fn next_look(&self, now_ms: u64) -> Option<u64>;
 
     /// Leases still live at `now_ms`.
     fn in_flight(&self, now_ms: u64) -> usize {
@@ -83,13 +84,14 @@ pub(crate) trait Ledger {
             .sum()
     }
 
-    /// Unsettled messages at `now_ms` with no live lease, no delay and a stored segment:
-    /// what a consume could get, flow control aside.
+    /// Unsettled messages at `now_ms` with no live lease and no delay: what a consume
+    /// could get, flow control aside. Offsets of undecided segments count: their
+    /// producers were answered, and a lease decides them by a look at their keys
+    /// ([`super::beside`]).
     fn available_count(&self, now_ms: u64) -> u64 {
         let held = self.in_flight(now_ms) as u64
             + self.acked_ahead().len() as u64
-            + self.delayed_count(now_ms)
-            + self.undecided_count();
+            + self.delayed_count(now_ms);
         self.next_offset()
             .saturating_sub(self.frontier())
             .saturating_sub(held)
@@ -155,7 +157,7 @@ impl Ledger for Manifest {
         super::beside::run(self, offset)
     }
 
-    fn undecided_count(&self) -> u64 {
-        super::beside::undecided_count(self)
+    fn next_look(&self, now_ms: u64) -> Option<u64> {
+        super::beside::next_look(self, now_ms)
     }
 }

@@ -358,6 +358,7 @@ impl Manifest {
             next_offset: self.next_offset,
             indexes: self.indexes.clone(),
             segments: self.segments.clone(),
+            undecided: self.beside.clone(),
         }
     }
 
@@ -461,6 +462,9 @@ pub(crate) struct Layout {
     pub indexes: Vec<IndexRef>,
     /// The manifest's hot segments.
     pub segments: Vec<SegmentRef>,
+    /// The hot segments written beside their manifest write and not yet decided
+    /// ([`Manifest::beside`]): one not stored yet holds nothing *yet*.
+    pub undecided: BTreeSet<String>,
 }
 
 impl Layout {

@@ -59,8 +59,11 @@ pub(crate) struct Evidence {
 
 impl Evidence {
     /// Adds segment `id`, which the checkpoint does not name, and its messages'
-    /// idempotency keys.
+    /// idempotency keys. A void marker ([`Segment::void`]) holds none and is left out.
     pub(crate) fn add_unnamed(&mut self, id: String, seg: &Segment) {
+        if seg.void {
+            return;
+        }
         let keys: Vec<(u32, String, u64)> = (0u32..)
             .zip(&seg.messages)
             .filter_map(|(i, m)| {
@@ -173,6 +176,10 @@ pub(crate) fn rebuild(
         });
         m.next_offset += u64::from(s.count);
     }
+    // Segments the checkpoint named undecided stay so at their new offsets: the object
+    // at each key decides them, as before the rebuild (§6).
+    m.beside = ckpt.beside.clone();
+    super::beside::forget_dropped(&mut m);
     let mut recovered_keys = 0;
     let mut duplicate_segments = 0;
     let mut duplicates_settled = 0;
@@ -398,6 +405,29 @@ mod tests {
             m.dedup_lookup("k1", 6000),
             Some(15),
             "a new produce after the window"
+        );
+    }
+
+    #[test]
+    fn an_undecided_segment_stays_undecided_and_a_void_marker_is_no_segment() {
+        // Checkpoint: b (offsets 2..4) was written beside its manifest write, undecided.
+        let mut ckpt = manifest_with(0);
+        ckpt.segments = vec![seg("a", 0, 2), seg("b", 2, 2)];
+        ckpt.next_offset = 4;
+        ckpt.beside.insert("b".into());
+        let mut ev = Evidence {
+            unsettled: vec![seg("a", 0, 2), seg("b", 2, 2)],
+            checkpoint: Some(ckpt),
+            ..Evidence::default()
+        };
+        ev.add_unnamed("v".into(), &Segment::void_marker());
+        let (m, r) = rebuild("i", ev, 1000);
+        assert_eq!(r.recovered_segments, 0, "a void marker recovers nothing");
+        assert_eq!(m.segments.len(), 2);
+        assert_eq!(m.beside.iter().collect::<Vec<_>>(), vec!["b"]);
+        assert_eq!(
+            super::super::beside::run(&m, m.next_offset - 1),
+            Some(m.next_offset)
         );
     }
 

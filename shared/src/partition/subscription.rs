@@ -230,11 +230,16 @@ pub(crate) fn needs_newer_log(
         return false;
     }
     // Bounded by the ledger's leases and acks ahead (flow control), plus one step per
-    // delayed run.
+    // delayed run and per undecided segment.
     let mut o = state.frontier.max(log.start_offset);
     while o < log.next_offset {
         if let Some(d) = log.delayed_run(o, now) {
             o = d.to;
+            continue;
+        }
+        // An undecided segment: a newer log may have decided it.
+        if let Some(end) = super::beside::run(log, o) {
+            o = end;
             continue;
         }
         let leased = state.leases.get(&o).is_some_and(|l| l.deadline_ms > now);
@@ -421,16 +426,8 @@ impl Ledger for Subscribed<'_> {
         super::beside::run(self.log, offset)
     }
 
-    fn undecided_count(&self) -> u64 {
-        // Undecided segments are the newest: below any subscription's frontier only if
-        // it was created past them.
-        let frontier = self.state.frontier;
-        self.log
-            .segments
-            .iter()
-            .filter(|s| s.base_offset >= frontier && self.log.beside.contains(&s.id))
-            .map(|s| u64::from(s.count))
-            .sum()
+    fn next_look(&self, now_ms: u64) -> Option<u64> {
+        super::beside::next_look(self.log, now_ms)
     }
 }
 
