@@ -21,6 +21,7 @@
 /// | 4 | combinable segment ids tagged with their topic incarnation (`…-t{tag}`): commits land only their own incarnation's, so a combinable segment's write need not confirm the topic record first |
 /// | 5 | subscriptions: `subscriptions` in topic records, their ledgers `topics/{t}/subs/{s}/{id}/{p}.json`, receipt handles `v2` (they name the subscription) |
 /// | 6 | intents of subscriptions' ledgers (`topics/{t}/subs/{s}/{id}/{p}/{id}`) and ledger format 2 (`combined_through`, `decided`, `decided_floor`) |
+/// | 7 | segments written beside the manifest write that names them undecided (manifest format 7, `beside`), each decided by the object at its key: the segment, or an `NSG4` void marker ([`crate::partition::beside`]) |
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -31,7 +32,7 @@ impl Level {
     /// The formats of every build before the gate: a store without a fleet record.
     pub const BEFORE_GATE: Level = Level(1);
     /// The highest level this build runs at.
-    pub const NEWEST: Level = Level(6);
+    pub const NEWEST: Level = Level(7);
 
     /// True when segments may be written compressed (`NSG3`).
     pub fn compresses_segments(self) -> bool {
@@ -46,8 +47,7 @@ impl Level {
 
     /// True when a commit may write its segment beside the manifest write that names it
     /// undecided (manifest format 7, `NSG4` void markers;
-    /// [`crate::partition::beside`]). Above [`Level::NEWEST`] until every reader of
-    /// undecided segments is built (issue 57): only tests run at it.
+    /// [`crate::partition::beside`]).
     pub fn writes_beside(self) -> bool {
         self >= Level(7)
     }

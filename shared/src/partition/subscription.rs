@@ -230,18 +230,15 @@ pub(crate) fn needs_newer_log(
         return false;
     }
     // Bounded by the ledger's leases and acks ahead (flow control), plus one step per
-    // delayed run and per undecided segment.
+    // delayed run.
     let mut o = state.frontier.max(log.start_offset);
     while o < log.next_offset {
         if let Some(d) = log.delayed_run(o, now) {
             o = d.to;
             continue;
         }
-        // An undecided segment: a newer log may have decided it.
-        if let Some(end) = super::beside::run(log, o) {
-            o = end;
-            continue;
-        }
+        // An undecided segment counts as something to lease: the batch looks at its key
+        // (`decide_log`), which a newer log would not spare it.
         let leased = state.leases.get(&o).is_some_and(|l| l.deadline_ms > now);
         if !leased && !state.acked_ahead.contains(&o) {
             return false;
