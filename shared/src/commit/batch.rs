@@ -776,16 +776,21 @@ impl Committer {
         } else {
             replies.answer_own(applied, refused, own, state);
         }
-        // What retention dropped and the checkpoint, beside the next commit (the queue's
-        // chore, which that commit waits for before it answers), not before it.
+        // What retention dropped, the checkpoint and the index object of a fold, beside
+        // the next commit (the queue's chore, which that commit waits for before it
+        // answers), not before it.
         let deletes = self.expired_deletes(q, dropped, chunks);
         let checkpoint = (state.wants_checkpoint().filter(|_| change.wrote))
             .and_then(|expired| self.checkpoint_write(q, state, expired));
-        if deletes.is_some() || checkpoint.is_some() {
-            let (deletes, checkpoint) =
-                (OptionFuture::from(deletes), OptionFuture::from(checkpoint));
+        let fold = self.fold_ahead(q, state);
+        if deletes.is_some() || checkpoint.is_some() || fold.is_some() {
+            let (deletes, checkpoint, fold) = (
+                OptionFuture::from(deletes),
+                OptionFuture::from(checkpoint),
+                OptionFuture::from(fold),
+            );
             let chore = async move {
-                futures::join!(deletes, checkpoint);
+                futures::join!(deletes, checkpoint, fold);
             };
             q.chore.start(&self.tasks, chore.in_current_span()).await;
         }

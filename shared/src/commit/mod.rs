@@ -226,6 +226,9 @@ struct Queue {
     state: Mutex<QueueState<Queue>>,
     /// What its last commit left to do after answering.
     chore: chore::Chore,
+    /// A fold whose index object its chore wrote, for the next commits to apply
+    /// ([`upkeep::FoldAhead`]).
+    fold_ahead: upkeep::FoldAhead,
     /// The newest manifest version whose state answered this process's callers (0:
     /// none): set before they are answered, so what reads the manifest for this process
     /// (replay's kept layouts) knows its own writes ([`Committer::announced_version`]).
@@ -704,6 +707,7 @@ impl Committer {
                     tag: crate::partition::combine::tag(&topic.incarnation),
                     created_at_ms: topic.created_at_ms,
                     chore: chore::Chore::default(),
+                    fold_ahead: upkeep::FoldAhead::default(),
                     announced: AtomicU64::new(0),
                     state: Mutex::new(QueueState::default()),
                 })
