@@ -674,22 +674,15 @@ impl Committer {
         self.enqueue_on(&queue, pending);
     }
 
-    /// Tells this process that it just created `topic`: no partition has a manifest yet,
-    /// so the first commit of each creates one without reading it first, and, within
-    /// [`CREATED_COUNTS_AS_READ`], without confirming the record it just wrote. Only a
-    /// guess to start from: the create is conditional, and a manifest another process
-    /// wrote meanwhile costs that commit a read, as any stale copy does.
+    /// Tells this process that it just created `topic`: for [`CREATED_COUNTS_AS_READ`],
+    /// its own write of the record counts as a request's read of it, so a commit creating
+    /// a partition's manifest need not confirm the record first. (Its manifests are not
+    /// assumed absent: a commit that found nothing to write from a state it did not read
+    /// would answer from a guess. The first commit reads the manifest.)
     pub(crate) fn created(&self, topic: &Topic) {
         for p in 0..topic.settings.partitions {
             let queue = self.queue(topic, p);
-            let mut st = lock(&queue.state);
-            if st.held.is_none() {
-                st.held = Some(Snapshot {
-                    value: Manifest::empty(&topic.incarnation),
-                    etag: None,
-                });
-            }
-            st.more.created = Some(crate::runtime::now());
+            lock(&queue.state).more.created = Some(crate::runtime::now());
         }
     }
 
