@@ -424,8 +424,8 @@ impl Broker {
         Ok(out)
     }
 
-    /// The ages of the oldest unsettled and the oldest available message of `m` at `now`:
-    /// their produce times, read from their segments (usually cached; at most two reads).
+    /// The ages of the oldest unsettled and the oldest available (or undecided) message of
+    /// `m` at `now`: their produce times, read from their segments (at most two reads).
     pub(super) async fn backlog_ages(
         &self,
         topic: &Topic,
@@ -441,7 +441,7 @@ impl Broker {
         let mut available = None;
         let mut o = frontier;
         while o < next {
-            if m.is_available(o, now) {
+            if m.is_available(o, now) || m.undecided_run(o).is_some() {
                 available = Some(o);
                 break;
             }

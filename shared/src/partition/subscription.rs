@@ -238,7 +238,7 @@ pub(crate) fn needs_newer_log(
             continue;
         }
         // An undecided segment counts as something to lease: the batch looks at its key
-        // (`decide_log`), which a newer log would not spare it.
+        // (`decide_copy` in `commit/ledgers/change.rs`), which a newer log would not spare it.
         let leased = state.leases.get(&o).is_some_and(|l| l.deadline_ms > now);
         if !leased && !state.acked_ahead.contains(&o) {
             return false;

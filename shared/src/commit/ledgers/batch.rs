@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::change::LedgerChange;
+use super::change::{decide_copy, LedgerChange};
 use super::combine::Awaited;
 use super::known::{note_batch, Known};
 use super::LedgerQueue;
@@ -17,7 +17,7 @@ use crate::commit::{lock, Committer};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::intent::{self, Intent};
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, SubscriptionState};
-use crate::partition::{beside, Layout, Manifest, Rules};
+use crate::partition::{Layout, Rules};
 
 /// How a batch's operations reach the ledger ([`LedgerQueue::route`]).
 enum Routed {
@@ -198,21 +198,9 @@ impl LedgerQueue {
         }
         let leases = ops.iter().any(|op| matches!(op, LedgerOp::Lease { .. }));
         if let Some((log, _)) = known.log.as_mut().filter(|_| leases) {
-            self.decide_log(c, &mut log.value).await;
+            decide_copy(c, (&self.topic, self.partition), &mut log.value).await;
         }
         Ok(())
-    }
-
-    /// Decides, in this process's copy of the log, the undecided segments a look at their
-    /// keys decides ([`Committer::look_beside`]): the ledger leases from its copy, and
-    /// the fate of a segment is the object at its key, whoever wrote the log. The log
-    /// itself is left to the partition's own commits.
-    async fn decide_log(&self, c: &Committer, log: &mut Manifest) {
-        if log.beside.is_empty() {
-            return;
-        }
-        let learnt = c.look_beside((&self.topic, self.partition), log, &[]).await;
-        beside::decide(log, learnt.iter().map(String::as_str));
     }
 
     /// How the batch `ops` reaches the ledger: as intents another process's commit may
@@ -284,6 +272,7 @@ impl LedgerQueue {
             Cell::<SubscriptionState>::new(&*c.store, &*c.ids, &self.ledger_key, &self.origin);
         let mut change = LedgerChange {
             logs: Cell::new(&*c.store, &*c.ids, &self.manifest_key, &self.incarnation),
+            looks: (c, (&self.topic, self.partition)),
             log: &mut known_log,
             ops: direct,
             intents: &route.landing,

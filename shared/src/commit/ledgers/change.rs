@@ -13,7 +13,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::partition::intent::Intent;
 use crate::partition::lease::Keys;
 use crate::partition::subscription::{self, LedgerOp, LedgerOutcome, SubscriptionState};
-use crate::partition::{Layout, Manifest, Rules};
+use crate::partition::{beside, Layout, Manifest, Rules};
 use crate::store::ETag;
 
 /// How long a batch may lease over a log read earlier (new messages are seen as soon as
@@ -42,6 +42,9 @@ pub(super) fn needs_log(
 /// never make a consume come back empty while newer messages wait.
 pub(super) struct LedgerChange<'a> {
     pub(super) logs: Cell<'a, Manifest>,
+    /// The committer and the partition: a log read again has its undecided segments
+    /// decided in this copy too ([`Committer::look_beside`]).
+    pub(super) looks: (&'a Committer, (&'a str, u32)),
     pub(super) log: &'a mut (Snapshot<Manifest>, Instant),
     pub(super) ops: &'a [LedgerOp],
     /// Other processes' intents (and this batch's own, when it took over) to land.
@@ -88,6 +91,8 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
                     .is_ok()
             {
                 self.log.1 = crate::runtime::now();
+                let (c, at) = self.looks;
+                decide_copy(c, at, &mut self.log.0.value).await;
             }
         }
     }
@@ -116,6 +121,18 @@ impl crate::cas::Change<SubscriptionState> for LedgerChange<'_> {
             Decision::Keep(out)
         })
     }
+}
+
+/// Decides, in this process's copy `log` of partition `at`'s log, the undecided segments
+/// a look at their keys decides ([`Committer::look_beside`]): a ledger leases from its
+/// copy, and a segment's fate is the object at its key, whoever wrote the log. The log
+/// itself is left to the partition's own commits.
+pub(super) async fn decide_copy(c: &Committer, at: (&str, u32), log: &mut Manifest) {
+    if log.beside.is_empty() {
+        return;
+    }
+    let learnt = c.look_beside(at, log, &[]).await;
+    beside::decide(log, learnt.iter().map(String::as_str));
 }
 
 impl LedgerQueue {
