@@ -32,7 +32,7 @@ impl Level {
     /// The formats of every build before the gate: a store without a fleet record.
     pub const BEFORE_GATE: Level = Level(1);
     /// The highest level this build runs at.
-    pub const NEWEST: Level = Level(6);
+    pub const NEWEST: Level = Level(7);
 
     /// True when segments may be written compressed (`NSG3`).
     pub fn compresses_segments(self) -> bool {

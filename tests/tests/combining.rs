@@ -351,10 +351,6 @@ async fn another_process_settles_a_void_segment_and_delivers_what_follows() {
     if narad_tests::skip_in_repeat("brokers on a memory store of their own") {
         return;
     }
-    if !narad_shared::formats::Level::NEWEST.writes_beside() {
-        println!("skipped: this build does not run at level 7 yet");
-        return;
-    }
     let store: DynStore = Arc::new(MemoryStore::new());
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failing = armed.clone();

@@ -109,3 +109,30 @@ async fn a_produce_through_a_process_that_missed_a_new_incarnation_lands_in_it()
     let segments = a.store.list("topics/e/0/segments/").await.unwrap();
     assert_eq!(segments.len(), 2, "{segments:?}");
 }
+
+/// A process that created a topic a moment ago, which another process then deleted and
+/// created again, produces into the new topic: its creating the record is no read of it
+/// (the Lambda runtime suite, whose tests delete and create one topic name within
+/// milliseconds, found a produce answered 201 into a manifest of the deleted topic, and a
+/// later extend through another instance answered 410).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_just_created_a_topic_produces_into_the_one_created_again() {
+    let a = Server::start().await;
+    let b = Server::start_on(a.store.clone(), None, Options::default(), a.clock.clone()).await;
+    a.create_topic("f", json!({"partitions": 1})).await; // a caches it, as its creator
+    let status = b.req(Method::DELETE, "/v1/topics/f").send().await.unwrap();
+    assert_eq!(status.status(), StatusCode::NO_CONTENT);
+    b.create_topic("f", json!({"partitions": 1})).await;
+
+    assert_eq!(a.produce("f", "new").await, (0, 0));
+    let m = b
+        .consume("f", "")
+        .await
+        .expect("the message is in the new topic");
+    assert_eq!(m["payload"], "new");
+    assert_eq!(
+        a.ack("f", m["receipt_handle"].as_str().unwrap(), "&extend=true")
+            .await,
+        StatusCode::NO_CONTENT
+    );
+}

@@ -26,7 +26,7 @@ use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
 use super::write::BesideFate;
-use super::{lock, Committer, Pending, Queue, TopicSeen, CREATED_COUNTS_AS_READ};
+use super::{lock, Committer, Pending, Queue, TopicSeen, CREATED_RECENTLY};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -77,6 +77,9 @@ struct BatchCommit<'a> {
     /// Segments written beside a manifest write whose fate this process learnt: this
     /// commit decides them ([`crate::partition::beside`]).
     decided: Vec<String>,
+    /// This process created the topic within [`CREATED_RECENTLY`]: its manifest is
+    /// probably absent, and a first commit confirms the record beside reading it.
+    created_recently: bool,
 }
 
 /// What a batch taken ahead brings to its first commit ([`super::queue`]): the segment it
@@ -170,18 +173,17 @@ impl<'a> BatchCommit<'a> {
     ) -> Self {
         let Work {
             mut batch,
-            mut topic,
+            topic,
             ..
         } = work;
-        let (keys, decided) = {
+        let (keys, decided, created_recently) = {
             let mut st = lock(&q.state);
-            let created = st
-                .more
-                .created
-                .filter(|t| t.elapsed() < CREATED_COUNTS_AS_READ);
-            // This process wrote the record a moment ago: as good as the request's read.
-            topic.fresh |= created.is_some();
-            (std::mem::take(&mut st.more.keys), st.more.decided.clone())
+            let created = st.more.created;
+            (
+                std::mem::take(&mut st.more.keys),
+                st.more.decided.clone(),
+                created.is_some_and(|t| t.elapsed() < CREATED_RECENTLY),
+            )
         };
         let (produces, landing) = match head {
             None => (Produces::early(turn.early), Landing::new(combining)),
@@ -216,6 +218,7 @@ impl<'a> BatchCommit<'a> {
             switching: false,
             topic_refused: None,
             onward: turn.onward,
+            created_recently,
         }
     }
 
@@ -570,8 +573,14 @@ impl Committer {
         let held = cache.as_ref().map(|s| &s.value);
         // The committer lists ahead beside a combining commit; an ordinary one may look.
         let beside = self.beside(q, held, (combining, !combining));
+        let read = self
+            .read_confirming(q, &cell, &mut change, cache.is_none())
+            .await;
         let write = async {
-            let mut result = cell.update_in(&mut cache, &mut change).await;
+            let mut result = match read {
+                Some(read) => cell.update_read_in(read, &mut cache, &mut change).await,
+                None => cell.update_in(&mut cache, &mut change).await,
+            };
             if matches!(&result, Err(e) if damaged(e))
                 && self.self_repair(q, &change.batch.rules).await
             {
@@ -644,6 +653,29 @@ impl Committer {
                 Committed::Done(None, 0)
             }
         }
+    }
+
+    /// For a first commit (nothing `uncached`) in a process that created the topic a
+    /// moment ago ([`Committer::created`]): the manifest read with the topic record
+    /// confirmed beside it, so that a commit creating the manifest need not confirm it
+    /// first (the record read counts as the request's, [`write::TopicCheck::Read`]). Any
+    /// other commit, or a read that failed: `None`, and the commit reads as usual.
+    async fn read_confirming(
+        &self,
+        q: &Queue,
+        cell: &Cell<'_, Manifest>,
+        change: &mut BatchCommit<'_>,
+        uncached: bool,
+    ) -> Option<Snapshot<Manifest>> {
+        if !uncached || !change.created_recently || change.topic.fresh {
+            return None;
+        }
+        let (read, check) =
+            futures::join!(cell.read::<Stop>(), self.check_topic(q, &change.topic.etag));
+        // Deleted or created again meanwhile (by another process): not confirmed, and
+        // the commit's own check finds it out before creating anything.
+        change.topic.fresh = check.is_ok();
+        read.ok()
     }
 
     /// The segment a batch that turns to combining keeps (and the plan it was written

@@ -198,16 +198,17 @@ struct PartitionMore {
     /// quiet ([`Committer::peek_partition`]).
     looked: Option<u64>,
     /// When this process created the topic ([`Committer::created`]): for
-    /// [`CREATED_COUNTS_AS_READ`] after it, its own write of the record counts as a read
-    /// by the request, so a commit creating the manifest need not confirm the record.
+    /// [`CREATED_RECENTLY`] after it, a first commit expects the manifest absent and reads
+    /// it with the record confirmed beside (`commit/batch.rs`, `read_confirming`).
     created: Option<crate::runtime::Instant>,
 }
 
-/// How long after a process created a topic its own write of the record counts, for a
-/// commit creating a manifest, as the request's read of it (`commit/write.rs`,
-/// [`write::TopicCheck::Read`]): a delete landing meanwhile goes unseen for as long as it
-/// does behind a request that read the record itself and waited for a commit.
-const CREATED_COUNTS_AS_READ: Duration = Duration::from_secs(1);
+/// How long after a process created a topic its first commit on a partition confirms the
+/// record beside its read of the manifest, expecting to create it: a hint, never a read in
+/// itself (another process may delete the topic and create it again at once, the Lambda
+/// runtime suite does, and a commit that took the creation for a read of the record then
+/// created a manifest of the deleted topic).
+const CREATED_RECENTLY: Duration = Duration::from_secs(10);
 
 /// One partition's queue.
 struct Queue {
@@ -674,11 +675,12 @@ impl Committer {
         self.enqueue_on(&queue, pending);
     }
 
-    /// Tells this process that it just created `topic`: for [`CREATED_COUNTS_AS_READ`],
-    /// its own write of the record counts as a request's read of it, so a commit creating
-    /// a partition's manifest need not confirm the record first. (Its manifests are not
-    /// assumed absent: a commit that found nothing to write from a state it did not read
-    /// would answer from a guess. The first commit reads the manifest.)
+    /// Tells this process that it just created `topic`: for [`CREATED_RECENTLY`], a first
+    /// commit on one of its partitions confirms the record beside reading the manifest
+    /// (probably absent), so that creating the manifest then costs no confirmation before
+    /// it. Nothing is assumed: not the manifests absent (a commit that found nothing to
+    /// write from a state it did not read would answer from a guess), not the record
+    /// current (another process may have deleted the topic and created it again).
     pub(crate) fn created(&self, topic: &Topic) {
         for p in 0..topic.settings.partitions {
             let queue = self.queue(topic, p);
@@ -827,6 +829,14 @@ impl Drained for Queue {
             early: early.flatten(),
             onward,
         };
-        c.run_batch(q, batch, cache, turn).instrument(span).await
+        let started = crate::runtime::now();
+        let held = c
+            .run_batch(q, batch, cache, turn)
+            .instrument(span.clone())
+            .await;
+        // Per commit, at debug: how long its callers waited for it, from its start.
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        span.in_scope(|| tracing::debug!(ms, "committed"));
+        held
     }
 }

@@ -729,11 +729,10 @@ async fn at_level_7_a_produce_commits_in_one_round_trip_and_its_next_commit_deci
     );
 }
 
-/// A process that just created the topic counts its own write of the record as the
-/// request's read of it: the first produce reads the missing manifest, then creates it
-/// with its segment beside, confirming nothing.
+/// A process that just created the topic confirms the record beside its first read of the
+/// missing manifest, then creates the manifest with its segment beside: two round trips.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_process_that_created_the_topic_creates_its_manifests_without_confirming_it() {
+async fn a_process_that_created_the_topic_confirms_it_beside_reading_its_manifest() {
     const RTT: Duration = Duration::from_millis(20);
     let w = world().await;
     let store: DynStore = Arc::new(crate::store::latency::LatencyStore::new(
@@ -747,7 +746,11 @@ async fn a_process_that_created_the_topic_creates_its_manifests_without_confirmi
     creator.created(&topic);
     let start = tokio::time::Instant::now();
     assert_eq!(creator.produce(&topic, 0, message(&w)).await.unwrap(), [0]);
-    assert_eq!(start.elapsed(), RTT * 2, "a read, then both writes at once");
+    assert_eq!(
+        start.elapsed(),
+        RTT * 2,
+        "both reads, then both writes at once"
+    );
     // Another process confirms the record beside its segment, then creates nothing.
     let other = process_at_7(&w, store);
     let start = tokio::time::Instant::now();
