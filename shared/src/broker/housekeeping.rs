@@ -50,6 +50,12 @@ impl Housekeeping<'_> {
         &self.broker.gate
     }
 
+    /// The longest a commit may name an object after it was written (a segment, or a
+    /// fold's index object written ahead of its commit): nothing younger is an orphan.
+    pub(crate) fn named_within(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(crate::commit::MAX_SEGMENT_AGE_AT_COMMIT_MS)
+    }
+
     /// The level objects are written at now.
     pub(crate) fn fleet_level(&self) -> Level {
         self.broker.fleet_level()

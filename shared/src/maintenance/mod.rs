@@ -16,6 +16,8 @@
 //!    [`crate::commit::MAX_SEGMENT_AGE_AT_COMMIT_MS`] after it was written, and the grace
 //!    period ([`DEFAULT_GRACE`], 30 min) is longer than that and longer than any handler
 //!    can live (15 min on Lambda), so a segment whose commit is still coming is never taken.
+//!    An index object is kept that long whatever the grace: a fold's is written ahead of
+//!    the commit that names it (`commit/upkeep.rs`).
 //! 3. **Leftovers** of deleted topics (objects under a topic prefix with no `topic.json`)
 //!    are deleted.
 //! 4. **Old checkpoints**: the committer deletes a partition's third-newest checkpoint when
@@ -232,9 +234,14 @@ async fn partition(
         return Ok(());
     };
     let now = broker.clock().now_ms();
-    for prefix in [
-        keys::segment(&topic.name, p, ""),
-        keys::index(&topic.name, p, ""),
+    // An index object is written ahead of the commit that names it (a fold's, by the
+    // queue's chore beside an earlier commit: `commit/upkeep.rs`), up to
+    // `named_within` before, whatever the grace: taken for an orphan meanwhile,
+    // the fold would name an object that is gone, and the messages it indexes with it.
+    let index_grace = pass.grace.max(broker.named_within());
+    for (prefix, grace) in [
+        (keys::segment(&topic.name, p, ""), pass.grace),
+        (keys::index(&topic.name, p, ""), index_grace),
     ] {
         for k in objects.iter().filter(|k| k.starts_with(&prefix)) {
             let id = &k[prefix.len()..];
@@ -245,7 +252,7 @@ async fn partition(
             let Some(written) = keys::segment_time(id) else {
                 continue;
             };
-            if now.saturating_sub(written) > pass.grace.as_millis() as u64 {
+            if now.saturating_sub(written) > grace.as_millis() as u64 {
                 if !pass.dry_run {
                     broker.store().delete(k).await?;
                 }
