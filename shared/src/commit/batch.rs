@@ -16,6 +16,7 @@ use std::sync::Arc;
 use futures::future::OptionFuture;
 use tracing::Instrument;
 
+use super::cold::ColdStart;
 use super::combine::{Head, Ready};
 use super::landing::{Landing, Progress};
 use super::listing::Listed;
@@ -26,7 +27,7 @@ use super::replies::{split, Replies};
 use super::role::{Attempts, Confirmed};
 use super::upkeep::Upkeeper;
 use super::write::BesideFate;
-use super::{lock, Committer, Pending, Queue, TopicSeen, CREATED_RECENTLY};
+use super::{lock, Committer, Pending, Queue, TopicSeen};
 use crate::cas::{Cell, Change, Decision, Snapshot};
 use crate::error::{BrokerError, BrokerResult};
 use crate::keys;
@@ -77,18 +78,18 @@ struct BatchCommit<'a> {
     /// Segments written beside a manifest write whose fate this process learnt: this
     /// commit decides them ([`crate::partition::beside`]).
     decided: Vec<String>,
-    /// This process created the topic within [`CREATED_RECENTLY`]: its manifest is
-    /// probably absent, and a first commit confirms the record beside reading it.
-    created_recently: bool,
 }
 
-/// What a batch taken ahead brings to its first commit ([`super::queue`]): the segment it
-/// wrote while the batch before it committed, and the word the drain waits for before it
-/// takes the next batch ahead. The default: nothing written, nobody waiting.
+/// What a batch brings to its first commit: when it was taken ahead ([`super::queue`]),
+/// the segment it wrote while the batch before it committed, and the word the drain waits
+/// for before it takes the next batch ahead; when it was a first batch, how its manifest
+/// was read before it was taken ([`super::cold`]). The default: nothing written, nobody
+/// waiting, nothing read.
 #[derive(Default)]
 pub(super) struct Turn {
     pub early: Option<EarlySegment>,
     pub onward: Onward,
+    pub cold: Option<ColdStart>,
 }
 
 /// Races an ordinary batch that may combine loses before it turns to combining: a process
@@ -172,18 +173,11 @@ impl<'a> BatchCommit<'a> {
         turn: Turn,
     ) -> Self {
         let Work {
-            mut batch,
-            topic,
-            ..
+            mut batch, topic, ..
         } = work;
-        let (keys, decided, created_recently) = {
+        let (keys, decided) = {
             let mut st = lock(&q.state);
-            let created = st.more.created;
-            (
-                std::mem::take(&mut st.more.keys),
-                st.more.decided.clone(),
-                created.is_some_and(|t| t.elapsed() < CREATED_RECENTLY),
-            )
+            (std::mem::take(&mut st.more.keys), st.more.decided.clone())
         };
         let (produces, landing) = match head {
             None => (Produces::early(turn.early), Landing::new(combining)),
@@ -218,7 +212,6 @@ impl<'a> BatchCommit<'a> {
             switching: false,
             topic_refused: None,
             onward: turn.onward,
-            created_recently,
         }
     }
 
@@ -562,24 +555,34 @@ impl Committer {
         mut cache: Option<Snapshot<Manifest>>,
         (combining, head): (bool, Option<Ready>),
         may_switch: bool,
-        turn: Turn,
+        mut turn: Turn,
     ) -> Committed {
         let replies = std::mem::take(&mut work.replies);
         let held = cache.as_ref().map(|s| &s.value);
         let may_switch = may_switch && self.combines(&work.batch, held);
+        let cold = turn.cold.take();
         let mut change = BatchCommit::new((self, q), work, (combining, head), may_switch, turn);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
-        let confirmed = confirm_first(q, &cell, cache.as_mut()).await;
+        let confirmed = match &cold {
+            // Read just now: nothing to confirm.
+            Some(start) => {
+                // The record confirmed beside that read is as good as the request's own.
+                change.topic.fresh |= start.confirmed.as_ref() == Some(&change.topic.etag);
+                Confirmed::No
+            }
+            None => confirm_first(q, &cell, cache.as_mut()).await,
+        };
+        let fresh_read = cold.is_some_and(|start| start.fresh);
         let held = cache.as_ref().map(|s| &s.value);
         // The committer lists ahead beside a combining commit; an ordinary one may look.
         let beside = self.beside(q, held, (combining, !combining));
-        let read = self
-            .read_confirming(q, &cell, &mut change, cache.is_none())
-            .await;
         let write = async {
-            let mut result = match read {
-                Some(read) => cell.update_read_in(read, &mut cache, &mut change).await,
-                None => cell.update_in(&mut cache, &mut change).await,
+            let mut result = match (fresh_read, cache.take()) {
+                (true, Some(read)) => cell.update_read_in(read, &mut cache, &mut change).await,
+                (_, held) => {
+                    cache = held;
+                    cell.update_in(&mut cache, &mut change).await
+                }
             };
             if matches!(&result, Err(e) if damaged(e))
                 && self.self_repair(q, &change.batch.rules).await
@@ -653,29 +656,6 @@ impl Committer {
                 Committed::Done(None, 0)
             }
         }
-    }
-
-    /// For a first commit (nothing `uncached`) in a process that created the topic a
-    /// moment ago ([`Committer::created`]): the manifest read with the topic record
-    /// confirmed beside it, so that a commit creating the manifest need not confirm it
-    /// first (the record read counts as the request's, [`write::TopicCheck::Read`]). Any
-    /// other commit, or a read that failed: `None`, and the commit reads as usual.
-    async fn read_confirming(
-        &self,
-        q: &Queue,
-        cell: &Cell<'_, Manifest>,
-        change: &mut BatchCommit<'_>,
-        uncached: bool,
-    ) -> Option<Snapshot<Manifest>> {
-        if !uncached || !change.created_recently || change.topic.fresh {
-            return None;
-        }
-        let (read, check) =
-            futures::join!(cell.read::<Stop>(), self.check_topic(q, &change.topic.etag));
-        // Deleted or created again meanwhile (by another process): not confirmed, and
-        // the commit's own check finds it out before creating anything.
-        change.topic.fresh = check.is_ok();
-        read.ok()
     }
 
     /// The segment a batch that turns to combining keeps (and the plan it was written

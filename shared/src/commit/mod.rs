@@ -24,6 +24,7 @@
 
 mod batch;
 mod chore;
+mod cold;
 mod combine;
 mod landing;
 mod ledgers;
@@ -199,7 +200,7 @@ struct PartitionMore {
     looked: Option<u64>,
     /// When this process created the topic ([`Committer::created`]): for
     /// [`CREATED_RECENTLY`] after it, a first commit expects the manifest absent and reads
-    /// it with the record confirmed beside (`commit/batch.rs`, `read_confirming`).
+    /// it with the record confirmed beside (`commit/cold.rs`).
     created: Option<crate::runtime::Instant>,
 }
 
@@ -820,6 +821,7 @@ impl Drained for Queue {
             lock(&q.state).role.swept(landed, crate::runtime::now());
             return cache;
         }
+        let (batch, cache, cold) = c.start_cold(q, batch, cache, early.is_some()).await;
         let span = commit_span("commit", q, id, batch.len());
         for p in &batch {
             span.follows_from(&p.span);
@@ -828,6 +830,7 @@ impl Drained for Queue {
         let turn = batch::Turn {
             early: early.flatten(),
             onward,
+            cold,
         };
         let started = crate::runtime::now();
         let held = c

@@ -620,6 +620,45 @@ async fn a_produce_arriving_during_a_commit_starts_its_own_before_that_commit_an
     }
 }
 
+/// A first batch reads the manifest before it is taken (`commit/cold.rs`): produces that
+/// arrive during that read ride in its commit, and are answered with the first one, two
+/// round trips after it arrived (the read, then the writes), not a commit after it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn produces_arriving_during_a_first_read_share_its_commit() {
+    const RTT: Duration = Duration::from_millis(20);
+    for level in [Level(6), Level(7)] {
+        let w = world().await;
+        let store = crate::store::latency::LatencyStore::new(w.store.clone(), RTT);
+        let p = process_at(&w, Arc::new(store), level);
+        let produce = |p: &Arc<Committer>| {
+            let (p, t, m) = (p.clone(), w.topic.clone(), message(&w));
+            tokio::spawn(async move { p.produce(&t, 0, m).await })
+        };
+        let start = tokio::time::Instant::now();
+        let first = produce(&p);
+        tokio::time::sleep(RTT / 2).await;
+        let others: Vec<_> = (0..31).map(|_| produce(&p)).collect();
+        first.await.unwrap().unwrap();
+        let first_at = start.elapsed();
+        for o in others {
+            o.await.unwrap().unwrap();
+        }
+        let writes = if level.writes_beside() { 1 } else { 2 };
+        assert_eq!(
+            first_at,
+            RTT * (1 + writes),
+            "level {level}: a read, then the writes"
+        );
+        assert_eq!(
+            start.elapsed(),
+            first_at,
+            "level {level}: all in the first commit"
+        );
+        let m = manifest(&w).await;
+        assert_eq!((m.next_offset, m.version), (32, 1), "level {level}");
+    }
+}
+
 /// A commit whose retention drops segments deletes them beside the next commit (the
 /// queue's chore), a few at a time, not one after another before it: behind a store that
 /// answers in 20 ms, ten dropped segments held the next produce for ten round trips.
