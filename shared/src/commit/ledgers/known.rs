@@ -27,6 +27,10 @@ pub(super) const LEDGER_MAX_AGE: Duration = Duration::from_secs(4);
 /// renewing ([`Ledgers::peek`]).
 const RENEWING_LOOK: Duration = Duration::from_millis(50);
 
+/// How long the waiting consume that went to renew a partition's knowledge has for it
+/// before another may ([`Ledgers::peek`]): one whose request ended first leaves it.
+const RENEWAL_CLAIM: Duration = Duration::from_secs(1);
+
 /// What a queue knows between batches.
 #[derive(Default)]
 pub(super) struct Known {
@@ -98,19 +102,26 @@ impl Ledgers {
         let Some(queue) = self.queue(topic, (name, sub), partition) else {
             return Peek::Unknown;
         };
-        let (quiet, renewing) = {
-            let st = lock(&queue.state);
+        let (quiet, left) = {
+            let mut st = lock(&queue.state);
             let Some(quiet) = st.more.quiet.clone() else {
                 return Peek::Unknown;
             };
-            (quiet, st.busy())
-        };
-        let left = match LEDGER_MAX_AGE.checked_sub(quiet.at.elapsed()) {
-            Some(left) if !left.is_zero() => left,
-            // Too old: the first waiter to look starts a batch, which renews it; the
-            // others look again shortly rather than each queue a lease of their own.
-            _ if renewing => RENEWING_LOOK,
-            _ => return Peek::Unknown,
+            let renewing =
+                st.busy() || st.more.renewal.is_some_and(|t| t.elapsed() < RENEWAL_CLAIM);
+            let left = match LEDGER_MAX_AGE.checked_sub(quiet.at.elapsed()) {
+                Some(left) if !left.is_zero() => left,
+                // Too old: the first waiter to look starts a batch, which renews it; the
+                // others look again shortly rather than each queue a lease of their own
+                // (waiters waking together each started one, and read the log and the
+                // ledger again: an idle subscription's cost varied by a tenth).
+                _ if renewing => RENEWING_LOOK,
+                _ => {
+                    st.more.renewal = Some(crate::runtime::now());
+                    return Peek::Unknown;
+                }
+            };
+            (quiet, left)
         };
         let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         let aged = now.saturating_add(left);

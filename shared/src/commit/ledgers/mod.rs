@@ -92,6 +92,9 @@ struct LedgerQueue {
 struct LedgerMore {
     /// A copy of `known.quiet`.
     quiet: Option<Quiet>,
+    /// When a waiting consume found `quiet` too old and went to renew it
+    /// ([`Ledgers::peek`]): the others look again shortly instead of each starting a batch.
+    renewal: Option<crate::runtime::Instant>,
     /// What the last batch that succeeded left, for `/metrics`.
     figures: Option<super::summary::Figures>,
 }
