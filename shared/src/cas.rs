@@ -476,33 +476,24 @@ impl<'a, S: Stored> Cell<'a, S> {
         cache: &mut Option<Snapshot<S>>,
         change: &mut C,
     ) -> Result<C::Output, CasError<C::Error>> {
-        let start = match cache.take() {
-            Some(s) => (s, false),
-            None => (self.read().await?, true),
-        };
-        self.update_from(start, cache, change).await
+        self.update_in_read(cache, change, false).await
     }
 
-    /// As [`Cell::update_in`], from `read`, a state the caller has just read itself
-    /// ([`Cell::read`]): trusted as a fresh read, so a `Keep` is answered from it.
+    /// As [`Cell::update_in`]; with `read_now`, a snapshot in `cache` is one the caller
+    /// has just read itself ([`Cell::read`]) and is trusted as a fresh read: a `Keep` is
+    /// answered from it without confirming it first.
     ///
     /// Errors: see [`Cell::update_cached`].
-    pub(crate) async fn update_read_in<C: Change<S>>(
+    pub(crate) async fn update_in_read<C: Change<S>>(
         &self,
-        read: Snapshot<S>,
         cache: &mut Option<Snapshot<S>>,
         change: &mut C,
+        read_now: bool,
     ) -> Result<C::Output, CasError<C::Error>> {
-        self.update_from((read, true), cache, change).await
-    }
-
-    /// The loop of [`Cell::update_in`] from `snap` (`fresh`: read just now).
-    async fn update_from<C: Change<S>>(
-        &self,
-        (mut snap, mut fresh): (Snapshot<S>, bool),
-        cache: &mut Option<Snapshot<S>>,
-        change: &mut C,
-    ) -> Result<C::Output, CasError<C::Error>> {
+        let (mut snap, mut fresh) = match cache.take() {
+            Some(s) => (s, read_now),
+            None => (self.read().await?, true),
+        };
         // This update's writes whose answer was lost and whose fate no state read since
         // could tell, each with the value its attempt would answer.
         let mut unanswered: Vec<(WriteMark, C::Output)> = Vec::new();

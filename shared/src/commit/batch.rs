@@ -563,27 +563,16 @@ impl Committer {
         let cold = turn.cold.take();
         let mut change = BatchCommit::new((self, q), work, (combining, head), may_switch, turn);
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
-        let confirmed = match &cold {
+        let (confirmed, read_now) = match cold {
             // Read just now: nothing to confirm.
-            Some(start) => {
-                // The record confirmed beside that read is as good as the request's own.
-                change.topic.fresh |= start.confirmed.as_ref() == Some(&change.topic.etag);
-                Confirmed::No
-            }
-            None => confirm_first(q, &cell, cache.as_mut()).await,
+            Some(start) => (Confirmed::No, start.admit(&mut change.topic)),
+            None => (confirm_first(q, &cell, cache.as_mut()).await, false),
         };
-        let fresh_read = cold.is_some_and(|start| start.fresh);
         let held = cache.as_ref().map(|s| &s.value);
         // The committer lists ahead beside a combining commit; an ordinary one may look.
         let beside = self.beside(q, held, (combining, !combining));
         let write = async {
-            let mut result = match (fresh_read, cache.take()) {
-                (true, Some(read)) => cell.update_read_in(read, &mut cache, &mut change).await,
-                (_, held) => {
-                    cache = held;
-                    cell.update_in(&mut cache, &mut change).await
-                }
-            };
+            let mut result = cell.update_in_read(&mut cache, &mut change, read_now).await;
             if matches!(&result, Err(e) if damaged(e))
                 && self.self_repair(q, &change.batch.rules).await
             {

@@ -18,21 +18,31 @@ use std::convert::Infallible;
 
 use futures::future::OptionFuture;
 
-use super::{lock, Committer, Pending, Queue, CREATED_RECENTLY, MAX_BATCH_BYTES};
+use super::{lock, Committer, Pending, Queue, TopicSeen, CREATED_RECENTLY, MAX_BATCH_BYTES};
 use crate::cas::{Cell, Snapshot};
 use crate::partition::Manifest;
 use crate::store::ETag;
 
 /// How a first batch's manifest was read before the batch was taken
 /// ([`Committer::start_cold`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct ColdStart {
     /// No operation joined the batch after the read started: the read is as fresh as a
     /// commit's own first read (a batch that writes nothing answers from it). Otherwise
     /// it is taken as a cache, confirmed before such an answer.
-    pub fresh: bool,
+    fresh: bool,
     /// The topic record's ETag that was confirmed current beside the read, if one was.
-    pub confirmed: Option<ETag>,
+    confirmed: Option<ETag>,
+}
+
+impl ColdStart {
+    /// What the batch's commit makes of the read: a record confirmed beside it counts as
+    /// the request's own read of `topic`. Returns whether the read is as fresh as the
+    /// commit's own ([`crate::cas::Cell::update_in_read`]).
+    pub(super) fn admit(self, topic: &mut TopicSeen) -> bool {
+        topic.fresh |= self.confirmed.as_ref() == Some(&topic.etag);
+        self.fresh
+    }
 }
 
 impl Committer {
@@ -52,12 +62,18 @@ impl Committer {
         let Some(first) = batch.first() else {
             return (batch, held, None);
         };
-        let contended = lock(&q.state).role.contended(crate::runtime::now());
+        let (contended, created) = {
+            let st = lock(&q.state);
+            let created = st.more.created;
+            let contended = st.role.contended(crate::runtime::now());
+            (
+                contended,
+                created.is_some_and(|t| t.elapsed() < CREATED_RECENTLY),
+            )
+        };
         if held.is_some() || taken_ahead || contended {
             return (batch, held, None);
         }
-        let created = lock(&q.state).more.created;
-        let created = created.is_some_and(|t| t.elapsed() < CREATED_RECENTLY);
         let etag = first.topic.etag.clone();
         let confirm = (created && !first.topic.fresh).then(|| self.check_topic(q, &etag));
         let cell = Cell::<Manifest>::new(&*self.store, &*self.ids, &q.key, &q.incarnation);
